@@ -1,0 +1,199 @@
+//! The process edge: personality by argv[0], flags, the environment and
+//! stdin turned into a [`Request`], one dispatch, and the one place where a
+//! result or an error becomes stdout text and an exit code.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::cni::env::{CniEnv, Command, Invocation};
+use crate::cni::error::{Error, Result};
+use crate::cni::result::to_pretty_json;
+use crate::cni::version::{self, SUPPORTED};
+use crate::cni::{Request, Version};
+use crate::logging::{self, LogSettings};
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Which plugin this executable is acting as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Personality {
+    /// `calico`: the main plugin.
+    Calico,
+    /// `calico-ipam`: the IPAM plugin.
+    CalicoIpam,
+}
+
+impl Personality {
+    pub fn from_argv0(argv0: &str) -> Result<Personality> {
+        let base = Path::new(argv0)
+            .file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or(argv0);
+        match base {
+            "calico" | "calico.exe" => Ok(Personality::Calico),
+            "calico-ipam" | "calico-ipam.exe" => Ok(Personality::CalicoIpam),
+            other => Err(Error::Invocation(format!(
+                "Unknown binary name: {other} (expected calico or calico-ipam)"
+            ))),
+        }
+    }
+
+    fn about(self) -> String {
+        let what = match self {
+            Personality::Calico => "Calico CNI plugin",
+            Personality::CalicoIpam => "Calico CNI IPAM",
+        };
+        format!(
+            "{what} {VERSION}\nCNI protocol versions supported: {}\n",
+            SUPPORTED.join(", ")
+        )
+    }
+}
+
+/// What the process prints and how it exits.
+#[derive(Debug, Default)]
+pub struct Exit {
+    pub stdout: String,
+    pub stderr: String,
+    pub code: i32,
+}
+
+impl Exit {
+    fn ok(stdout: String) -> Exit {
+        Exit {
+            stdout,
+            ..Exit::default()
+        }
+    }
+
+    /// The spec's error JSON on stdout, exit 1.
+    pub fn error(err: &Error, cni_version: &str) -> Exit {
+        tracing::error!(code = err.code(), "{err}");
+        let mut stdout = to_pretty_json(&err.to_reply(cni_version));
+        stdout.push('\n');
+        Exit {
+            stdout,
+            stderr: String::new(),
+            code: 1,
+        }
+    }
+}
+
+/// The config's version as an error reply should be labelled.
+fn reply_version(stdin: &[u8]) -> String {
+    serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .and_then(|v| {
+            v.get("cniVersion")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .filter(|v| SUPPORTED.contains(&v.as_str()))
+        .unwrap_or_else(|| version::CURRENT.to_string())
+}
+
+/// Runs one invocation. `args` is argv, `vars` the environment, `stdin`
+/// the config stream (read only when a verb needs it).
+pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read) -> Exit {
+    let argv0 = args.first().map(String::as_str).unwrap_or("calico");
+    let personality = match Personality::from_argv0(argv0) {
+        Ok(p) => p,
+        Err(e) => {
+            let mut exit = Exit::error(&e, version::CURRENT);
+            exit.stderr = format!("{e}\n");
+            return exit;
+        }
+    };
+    match args.get(1).map(String::as_str) {
+        None => {}
+        Some("-v" | "--version" | "-version") => return Exit::ok(format!("{VERSION}\n")),
+        Some(flag) => {
+            let e = Error::Invocation(format!("failed to parse CLI flags: unknown flag {flag:?}"));
+            return Exit::error(&e, version::CURRENT);
+        }
+    }
+
+    let env = match CniEnv::from_vars(vars) {
+        Ok(Invocation::About) => {
+            return Exit {
+                stderr: personality.about(),
+                ..Exit::default()
+            };
+        }
+        Ok(Invocation::Command(env)) => *env,
+        Err(e) => return Exit::error(&e, version::CURRENT),
+    };
+    if env.command == Command::Version {
+        let mut out = version::version_reply().to_string();
+        out.push('\n');
+        return Exit::ok(out);
+    }
+
+    let mut input = Vec::new();
+    if let Err(e) = stdin.read_to_end(&mut input) {
+        return Exit::error(
+            &Error::Io(format!("error reading from stdin: {e}")),
+            version::CURRENT,
+        );
+    }
+    let label = reply_version(&input);
+    let request = match Request::new(env, &input) {
+        Ok(r) => r,
+        Err(e) => return Exit::error(&e, &label),
+    };
+    logging::init(&LogSettings {
+        level: request.conf.log_level.clone(),
+        file: request.conf.log_file_path.clone(),
+        max_size_mb: request.conf.log_file_max_size,
+        max_age_days: request.conf.log_file_max_age,
+        max_count: request.conf.log_file_max_count,
+    });
+    tracing::debug!(
+        command = request.env.command.as_str(),
+        container = %request.env.container_id,
+        netns = %request.env.netns,
+        ifname = %request.env.ifname,
+        config = %crate::cni::config::redacted(&request.raw),
+        "invoked"
+    );
+
+    let version = request.version;
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return Exit::error(
+                &Error::Internal(format!("cannot start runtime: {e}")),
+                &label,
+            );
+        }
+    };
+    let outcome = runtime.block_on(dispatch(personality, request));
+    match outcome.and_then(|result| print_result(result, version)) {
+        Ok(stdout) => Exit::ok(stdout),
+        Err(e) => Exit::error(&e, &label),
+    }
+}
+
+fn print_result(result: Option<crate::cni::CniResult>, version: Version) -> Result<String> {
+    Ok(match result {
+        Some(r) => {
+            let mut s = to_pretty_json(&r.to_version(version)?);
+            s.push('\n');
+            s
+        }
+        None => String::new(),
+    })
+}
+
+async fn dispatch(personality: Personality, req: Request) -> Result<Option<crate::cni::CniResult>> {
+    match personality {
+        Personality::Calico => crate::plugin::handle(req).await,
+        Personality::CalicoIpam => crate::ipam::handle(req).await,
+    }
+}

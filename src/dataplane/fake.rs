@@ -1,0 +1,338 @@
+//! A recording in-memory [`Netlink`] and [`SysctlWriter`] for testing the
+//! dataplane sequence without root.
+
+use std::sync::Mutex;
+
+use ipnet::IpNet;
+
+use crate::dataplane::linux::SysctlWriter;
+use crate::dataplane::netlink::{AddrState, LinkState, Netlink, RouteSpec, VethSpec};
+use crate::dataplane::sysctl::Sysctl;
+use crate::dataplane::{DataplaneError, MacAddr};
+
+#[derive(Default)]
+pub struct FakeState {
+    pub links: Vec<LinkState>,
+    pub addrs: Vec<AddrState>,
+    pub routes: Vec<RouteSpec>,
+    pub log: Vec<String>,
+    /// Fail the operation whose log line starts with this text.
+    pub fail_on: Option<String>,
+    next_index: u32,
+}
+
+/// One side (host or pod) of the fake; `peer` receives the veth peer.
+pub struct FakeNetlink {
+    pub name: &'static str,
+    pub state: Mutex<FakeState>,
+    pub peer: Option<&'static FakeNetlink>,
+}
+
+impl FakeNetlink {
+    pub fn leak(name: &'static str, peer: Option<&'static FakeNetlink>) -> &'static FakeNetlink {
+        Box::leak(Box::new(FakeNetlink {
+            name,
+            state: Mutex::new(FakeState {
+                next_index: if name == "host" { 100 } else { 2 },
+                ..FakeState::default()
+            }),
+            peer,
+        }))
+    }
+
+    fn record(&self, op: String) -> Result<(), DataplaneError> {
+        let mut s = self.state.lock().unwrap();
+        let line = format!("{}: {op}", self.name);
+        let fail = s
+            .fail_on
+            .as_ref()
+            .is_some_and(|f| line.starts_with(f.as_str()));
+        s.log.push(line.clone());
+        if fail {
+            return Err(DataplaneError::Netlink {
+                op: line,
+                errno: libc::EIO,
+                msg: "injected".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn insert_link(&self, name: &str, mac: Option<MacAddr>, mtu: u32) {
+        let mut s = self.state.lock().unwrap();
+        s.next_index += 1;
+        let index = s.next_index;
+        s.links.push(LinkState {
+            index,
+            name: name.to_string(),
+            mac: Some(mac.unwrap_or(MacAddr([0x0a, 0x58, 0, 0, 0, index as u8]))),
+            mtu: if mtu == 0 { 1500 } else { mtu },
+            up: false,
+        });
+    }
+
+    pub fn log(&self) -> Vec<String> {
+        self.state.lock().unwrap().log.clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl Netlink for FakeNetlink {
+    async fn link(&self, name: &str) -> Result<Option<LinkState>, DataplaneError> {
+        Ok(self
+            .state
+            .lock()
+            .unwrap()
+            .links
+            .iter()
+            .find(|l| l.name == name)
+            .cloned())
+    }
+
+    async fn delete_link(&self, name: &str) -> Result<bool, DataplaneError> {
+        self.record(format!("delete {name}"))?;
+        let mut s = self.state.lock().unwrap();
+        let before = s.links.len();
+        let idx: Vec<u32> = s
+            .links
+            .iter()
+            .filter(|l| l.name == name)
+            .map(|l| l.index)
+            .collect();
+        s.links.retain(|l| l.name != name);
+        s.routes
+            .retain(|r| !r.oif.is_some_and(|o| idx.contains(&o)));
+        let deleted = s.links.len() != before;
+        drop(s);
+        if deleted && let Some(peer) = self.peer {
+            peer.state.lock().unwrap().links.clear();
+        }
+        Ok(deleted)
+    }
+
+    async fn create_veth(&self, spec: &VethSpec) -> Result<(), DataplaneError> {
+        self.record(format!(
+            "create veth {} peer {} mtu {}",
+            spec.name, spec.peer_name, spec.mtu
+        ))?;
+        self.insert_link(&spec.name, spec.mac, spec.mtu);
+        if let Some(peer) = self.peer {
+            peer.insert_link(&spec.peer_name, spec.peer_mac, spec.mtu);
+        }
+        Ok(())
+    }
+
+    async fn set_up(&self, index: u32) -> Result<(), DataplaneError> {
+        self.record(format!("up {index}"))?;
+        let mut s = self.state.lock().unwrap();
+        let mut ll = None;
+        for l in s.links.iter_mut().filter(|l| l.index == index) {
+            l.up = true;
+            ll = Some(index);
+        }
+        if self.name == "host" && ll.is_some() {
+            s.addrs.push(AddrState {
+                index,
+                addr: "fe80::ecee:eeff:feee:eeee/64".parse().unwrap(),
+                tentative: false,
+            });
+        }
+        Ok(())
+    }
+
+    async fn add_address(&self, index: u32, addr: IpNet) -> Result<(), DataplaneError> {
+        self.record(format!("addr {addr} dev {index}"))?;
+        self.state.lock().unwrap().addrs.push(AddrState {
+            index,
+            addr,
+            tentative: false,
+        });
+        Ok(())
+    }
+
+    async fn addresses(&self, index: u32, v6: bool) -> Result<Vec<AddrState>, DataplaneError> {
+        let s = self.state.lock().unwrap();
+        Ok(s.addrs
+            .iter()
+            .filter(|a| a.index == index && a.addr.addr().is_ipv6() == v6)
+            .cloned()
+            .collect())
+    }
+
+    async fn add_route(&self, route: &RouteSpec) -> Result<(), DataplaneError> {
+        self.record(format!(
+            "route {}{} dev {}{}",
+            route.dst,
+            route
+                .gateway
+                .map(|g| format!(" via {g}"))
+                .unwrap_or_default(),
+            route.oif.unwrap_or(0),
+            if route.scope_link { " scope link" } else { "" }
+        ))?;
+        let mut s = self.state.lock().unwrap();
+        if s.routes.iter().any(|r| r.dst == route.dst) {
+            return Err(DataplaneError::Exists("file exists".into()));
+        }
+        s.routes.push(route.clone());
+        Ok(())
+    }
+
+    async fn routes(&self, v6: bool) -> Result<Vec<RouteSpec>, DataplaneError> {
+        let s = self.state.lock().unwrap();
+        Ok(s.routes
+            .iter()
+            .filter(|r| r.dst.addr().is_ipv6() == v6)
+            .cloned()
+            .collect())
+    }
+}
+
+#[derive(Default)]
+pub struct FakeSysctls {
+    pub written: Mutex<Vec<String>>,
+}
+
+impl SysctlWriter for FakeSysctls {
+    fn host(&self, sysctls: &[Sysctl]) -> Result<(), DataplaneError> {
+        let mut w = self.written.lock().unwrap();
+        w.extend(
+            sysctls
+                .iter()
+                .map(|s| format!("host {}={}", s.key, s.value)),
+        );
+        Ok(())
+    }
+    fn pod(&self, sysctls: &[Sysctl]) -> Result<(), DataplaneError> {
+        let mut w = self.written.lock().unwrap();
+        w.extend(sysctls.iter().map(|s| format!("pod {}={}", s.key, s.value)));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::linux::{Networking, PodNetwork};
+    use tokio::time::Instant;
+
+    fn request(ips: &[&str], routes: &[&str]) -> Networking {
+        Networking {
+            ifname: "eth0".into(),
+            host_veth: "cali12345678901".into(),
+            ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
+            routes: routes.iter().map(|s| s.parse().unwrap()).collect(),
+            mtu: 1450,
+            queues: 1,
+            container_mac: None,
+            allow_ip_forwarding: false,
+            skip_host_routes: false,
+            deadline: Instant::now() + std::time::Duration::from_secs(5),
+        }
+    }
+
+    fn sides() -> (&'static FakeNetlink, &'static FakeNetlink) {
+        let pod = FakeNetlink::leak("pod", None);
+        let host = FakeNetlink::leak("host", Some(pod));
+        (host, pod)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn dual_stack_sequence() {
+        let (host, pod) = sides();
+        let sysctls = FakeSysctls::default();
+        let pn = PodNetwork {
+            host,
+            pod,
+            sysctls: &sysctls,
+            pod_fd: -1,
+        };
+        let out = pn
+            .add(&request(
+                &["10.0.0.5/32", "fd00::5/128"],
+                &["0.0.0.0/0", "::/0"],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(out.container_mac.0[0], 0x0a);
+        let pod_log = pod.log();
+        assert_eq!(
+            pod_log,
+            vec![
+                "pod: up 3",
+                "pod: route 169.254.1.1/32 dev 3 scope link",
+                "pod: route 0.0.0.0/0 via 169.254.1.1 dev 3",
+                "pod: route ::/0 via fe80::ecee:eeff:feee:eeee dev 3",
+                "pod: addr 10.0.0.5/32 dev 3",
+                "pod: addr fd00::5/128 dev 3",
+            ]
+        );
+        let host_log = host.log();
+        assert_eq!(host_log[0], "host: delete cali12345678901");
+        assert!(host_log.contains(&"host: route 10.0.0.5/32 dev 101 scope link".to_string()));
+        assert!(host_log.contains(&"host: route fd00::5/128 dev 101 scope link".to_string()));
+        let w = sysctls.written.lock().unwrap().clone();
+        for want in [
+            "host net/ipv4/conf/cali12345678901/proxy_arp=1",
+            "host net/ipv6/conf/cali12345678901/accept_dad=0",
+            "pod net/ipv6/conf/eth0/accept_dad=0",
+            "pod net/ipv4/ip_forward=0",
+        ] {
+            assert!(w.iter().any(|s| s == want), "missing {want}: {w:?}");
+        }
+        // CHECK passes on what ADD built, and fails once a route is gone.
+        let req = request(&["10.0.0.5/32", "fd00::5/128"], &["0.0.0.0/0", "::/0"]);
+        pn.check(&req, Some(out.container_mac)).await.unwrap();
+        host.state.lock().unwrap().routes.clear();
+        let e = pn.check(&req, Some(out.container_mac)).await.unwrap_err();
+        assert!(e.to_string().contains("host route 10.0.0.5/32"), "{e}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn failure_removes_the_pair() {
+        let (host, pod) = sides();
+        pod.state.lock().unwrap().fail_on = Some("pod: addr".into());
+        let sysctls = FakeSysctls::default();
+        let pn = PodNetwork {
+            host,
+            pod,
+            sysctls: &sysctls,
+            pod_fd: -1,
+        };
+        assert!(
+            pn.add(&request(&["10.0.0.5/32"], &["0.0.0.0/0"]))
+                .await
+                .is_err()
+        );
+        assert!(host.state.lock().unwrap().links.is_empty());
+        assert!(pod.state.lock().unwrap().links.is_empty());
+        assert_eq!(host.log().last().unwrap(), "host: delete cali12345678901");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn host_route_owned_by_another_interface() {
+        let (host, pod) = sides();
+        host.state.lock().unwrap().routes.push(RouteSpec {
+            dst: "10.0.0.5/32".parse().unwrap(),
+            gateway: None,
+            oif: Some(7),
+            scope_link: true,
+        });
+        let sysctls = FakeSysctls::default();
+        let pn = PodNetwork {
+            host,
+            pod,
+            sysctls: &sysctls,
+            pod_fd: -1,
+        };
+        let e = pn
+            .add(&request(&["10.0.0.5/32"], &["0.0.0.0/0"]))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("already exists for an interface other than 'cali12345678901'"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,494 @@
+//! DoNetworking (ADD), CleanUpNamespace (DEL) and the CHECK verification,
+//! written against the [`Netlink`] trait so the sequence is testable
+//! without root.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use tokio::time::Instant;
+
+use crate::dataplane::netlink::{Netlink, RouteSpec, RtNetlink, VethSpec};
+use crate::dataplane::netns::NetNs;
+use crate::dataplane::sysctl::{self, Sysctl};
+use crate::dataplane::{DataplaneError, MacAddr};
+
+/// The container's IPv4 gateway: a link-local address answered by proxy ARP.
+pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// The host veth's EUI-64 link-local address for MAC ee:ee:ee:ee:ee:ee.
+pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0xecee, 0xeeff, 0xfeee, 0xeeee);
+
+const POLL: Duration = Duration::from_millis(5);
+/// How long to wait for IPv6 addresses to settle (DAD is off, so this is
+/// only the kernel's own work queue).
+const ADDRESS_SETTLE: Duration = Duration::from_secs(2);
+
+/// Where sysctls are written.
+pub trait SysctlWriter: Send + Sync {
+    /// In the host namespace.
+    fn host(&self, sysctls: &[Sysctl]) -> Result<(), DataplaneError>;
+    /// In the pod namespace.
+    fn pod(&self, sysctls: &[Sysctl]) -> Result<(), DataplaneError>;
+}
+
+/// Host sysctls on the calling (host) thread, pod sysctls on a one-shot
+/// thread inside the pod netns.
+struct ProcSysctls<'a> {
+    netns: &'a NetNs,
+}
+
+impl SysctlWriter for ProcSysctls<'_> {
+    fn host(&self, sysctls: &[Sysctl]) -> Result<(), DataplaneError> {
+        sysctl::apply(sysctls)
+    }
+    fn pod(&self, sysctls: &[Sysctl]) -> Result<(), DataplaneError> {
+        if sysctls.is_empty() {
+            return Ok(());
+        }
+        self.netns.run(|| sysctl::apply(sysctls))?
+    }
+}
+
+/// One pod's namespaces as the dataplane sees them: a netlink socket in
+/// the host netns, one inside the pod netns, and where sysctls go.
+pub struct PodNetwork<'a> {
+    pub host: &'a dyn Netlink,
+    pub pod: &'a dyn Netlink,
+    pub sysctls: &'a dyn SysctlWriter,
+    /// The pod netns fd, for creating the container end directly in it.
+    pub pod_fd: std::os::fd::RawFd,
+}
+
+/// What ADD asks of the dataplane.
+#[derive(Debug, Clone)]
+pub struct Networking {
+    pub ifname: String,
+    pub host_veth: String,
+    /// The pod's addresses, already /32 and /128.
+    pub ips: Vec<IpNet>,
+    /// Destinations routed via the gateway inside the container.
+    pub routes: Vec<IpNet>,
+    /// 0: kernel default.
+    pub mtu: u32,
+    pub queues: u32,
+    /// A requested container MAC (hwAddr annotation); kernel-assigned if None.
+    pub container_mac: Option<MacAddr>,
+    pub allow_ip_forwarding: bool,
+    pub skip_host_routes: bool,
+    pub deadline: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkingOutcome {
+    pub container_mac: MacAddr,
+}
+
+/// Host-side route for one pod address.
+fn host_route(ip: IpNet, host_index: u32) -> RouteSpec {
+    RouteSpec {
+        dst: IpNet::new(ip.addr(), ip.max_prefix_len()).expect("max prefix is valid"),
+        gateway: None,
+        oif: Some(host_index),
+        scope_link: true,
+    }
+}
+
+/// The container routes Calico installs: 169.254.1.1 scope link and each
+/// IPv4 route via it; each IPv6 route via the host's link-local address.
+fn container_routes(routes: &[IpNet], index: u32, gw6: Ipv6Addr) -> Vec<RouteSpec> {
+    let mut out = Vec::new();
+    let v4: Vec<_> = routes
+        .iter()
+        .filter(|r| matches!(r, IpNet::V4(_)))
+        .collect();
+    if !v4.is_empty() {
+        out.push(RouteSpec {
+            dst: IpNet::new(GATEWAY_V4.into(), 32).expect("valid"),
+            gateway: None,
+            oif: Some(index),
+            scope_link: true,
+        });
+    }
+    for dst in routes {
+        let gateway: IpAddr = match dst {
+            IpNet::V4(_) => GATEWAY_V4.into(),
+            IpNet::V6(_) => gw6.into(),
+        };
+        out.push(RouteSpec {
+            dst: dst.trunc(),
+            gateway: Some(gateway),
+            oif: Some(index),
+            scope_link: false,
+        });
+    }
+    out
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+/// Polls `probe` until it yields a value or `limit` (capped by the deadline) passes.
+async fn wait_for<T, F, Fut>(
+    limit: Duration,
+    deadline: Instant,
+    what: &str,
+    mut probe: F,
+) -> Result<T, DataplaneError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, DataplaneError>>,
+{
+    let until = Instant::now() + limit.min(remaining(deadline));
+    loop {
+        if let Some(v) = probe().await? {
+            return Ok(v);
+        }
+        if Instant::now() >= until {
+            return Err(DataplaneError::Timeout(format!(
+                "timed out waiting for {what}"
+            )));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Adds a host route; EEXIST is fine only for the same route on the same
+/// interface (Felix may have added it), otherwise the error names the other
+/// interface.
+async fn add_host_route(
+    host: &dyn Netlink,
+    route: &RouteSpec,
+    host_veth: &str,
+) -> Result<(), DataplaneError> {
+    match host.add_route(route).await {
+        Err(DataplaneError::Exists(_)) => {
+            let existing = host.routes(route.dst.addr().is_ipv6()).await?;
+            let same_dst: Vec<_> = existing.iter().filter(|r| r.dst == route.dst).collect();
+            if same_dst
+                .iter()
+                .any(|r| r.oif == route.oif && r.scope_link == route.scope_link)
+            {
+                return Ok(());
+            }
+            let other = same_dst.first().and_then(|r| r.oif).unwrap_or(0);
+            Err(DataplaneError::Conflict(format!(
+                "route {} already exists for an interface other than '{host_veth}' (ifindex {other})",
+                route.dst
+            )))
+        }
+        other => other,
+    }
+}
+
+impl PodNetwork<'_> {
+    /// DoNetworking: creates and configures the pod's veth pair. On any
+    /// failure the pair it created is removed again.
+    pub async fn add(&self, req: &Networking) -> Result<NetworkingOutcome, DataplaneError> {
+        // A leftover host veth of the same name (stale, or a repeated ADD)
+        // goes first; its container peer goes with it.
+        if self.host.delete_link(&req.host_veth).await? {
+            tracing::info!(veth = %req.host_veth, "deleted a leftover host veth");
+        }
+        if self.pod.link(&req.ifname).await?.is_some() {
+            return Err(DataplaneError::Exists(format!(
+                "container veth name provided ({}) already exists",
+                req.ifname
+            )));
+        }
+        self.host
+            .create_veth(&VethSpec {
+                name: req.host_veth.clone(),
+                mac: Some(MacAddr::CALICO_HOST),
+                peer_name: req.ifname.clone(),
+                peer_mac: req.container_mac,
+                peer_netns: self.pod_fd,
+                mtu: req.mtu,
+                queues: req.queues,
+            })
+            .await
+            .map_err(|e| match e {
+                DataplaneError::Exists(_) => DataplaneError::Exists(format!(
+                    "container veth name provided ({}) or host veth {} already exists",
+                    req.ifname, req.host_veth
+                )),
+                other => other,
+            })?;
+        match self.configure(req).await {
+            Ok(outcome) => Ok(outcome),
+            Err(e) => {
+                if let Err(undo) = self.host.delete_link(&req.host_veth).await {
+                    tracing::error!(veth = %req.host_veth, "failed to remove the veth after a failed ADD: {undo}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn configure(&self, req: &Networking) -> Result<NetworkingOutcome, DataplaneError> {
+        let has_v4 = req.ips.iter().any(|ip| ip.addr().is_ipv4());
+        let has_v6 = req.ips.iter().any(|ip| ip.addr().is_ipv6());
+        let (host_link, pod_link) =
+            tokio::try_join!(self.host.link(&req.host_veth), self.pod.link(&req.ifname))?;
+        let missing = |n: &str| DataplaneError::Netns(format!("link {n} vanished after creation"));
+        let host_link = host_link.ok_or_else(|| missing(&req.host_veth))?;
+        let pod_link = pod_link.ok_or_else(|| missing(&req.ifname))?;
+        if host_link.mac != Some(MacAddr::CALICO_HOST) {
+            tracing::warn!(veth = %req.host_veth, mac = ?host_link.mac, "host veth did not take MAC ee:ee:ee:ee:ee:ee");
+        }
+        let container_mac = pod_link
+            .mac
+            .ok_or_else(|| DataplaneError::Netns(format!("{} has no MAC address", req.ifname)))?;
+
+        // Sysctls before the links go up, so that DAD is already off.
+        self.sysctls
+            .host(&sysctl::host_side(&req.host_veth, has_v4, has_v6))
+            .map_err(|e| {
+                DataplaneError::Sysctl(format!(
+                    "error configuring sysctls for interface: {}, error: {e}",
+                    req.host_veth
+                ))
+            })?;
+        self.sysctls
+            .pod(&sysctl::container_side(
+                &req.ifname,
+                has_v4,
+                has_v6,
+                req.allow_ip_forwarding,
+            ))
+            .map_err(|e| {
+                DataplaneError::Sysctl(format!(
+                    "error configuring sysctls for the container netns, error: {e}"
+                ))
+            })?;
+        tokio::try_join!(
+            self.host.set_up(host_link.index),
+            self.pod.set_up(pod_link.index)
+        )?;
+
+        // The IPv6 gateway is the host veth's link-local address.
+        let gw6 = if has_v6 {
+            wait_for(
+                ADDRESS_SETTLE,
+                req.deadline,
+                "the host veth's IPv6 link-local address",
+                || async {
+                    let addrs = self.host.addresses(host_link.index, true).await?;
+                    let usable: Vec<_> = addrs
+                        .iter()
+                        .filter(|a| !a.tentative)
+                        .filter_map(|a| match a.addr.addr() {
+                            IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80 => Some(v6),
+                            _ => None,
+                        })
+                        .collect();
+                    Ok(usable
+                        .iter()
+                        .find(|a| **a == GATEWAY_V6)
+                        .or(usable.first())
+                        .copied())
+                },
+            )
+            .await?
+        } else {
+            GATEWAY_V6
+        };
+        for route in container_routes(&req.routes, pod_link.index, gw6) {
+            self.pod.add_route(&route).await.map_err(|e| {
+                DataplaneError::Netns(format!("failed to add route inside the container: {e}"))
+            })?;
+        }
+        for ip in &req.ips {
+            self.pod.add_address(pod_link.index, *ip).await?;
+        }
+        if !req.skip_host_routes {
+            for ip in &req.ips {
+                add_host_route(self.host, &host_route(*ip, host_link.index), &req.host_veth)
+                    .await
+                    .map_err(|e| {
+                        DataplaneError::Netns(format!(
+                            "error adding host side routes for interface: {}, error: {e}",
+                            req.host_veth
+                        ))
+                    })?;
+            }
+        }
+        if has_v6 {
+            wait_for(
+                ADDRESS_SETTLE,
+                req.deadline,
+                "container IPv6 addresses to leave the tentative state",
+                || async {
+                    let addrs = self.pod.addresses(pod_link.index, true).await?;
+                    Ok(addrs.iter().all(|a| !a.tentative).then_some(()))
+                },
+            )
+            .await?;
+        }
+        Ok(NetworkingOutcome { container_mac })
+    }
+
+    /// CHECK: the interfaces, addresses and routes ADD made are all there.
+    pub async fn check(
+        &self,
+        req: &Networking,
+        expected_mac: Option<MacAddr>,
+    ) -> Result<(), DataplaneError> {
+        let fail = |m: String| Err(DataplaneError::Check(m));
+        let Some(pod_link) = self.pod.link(&req.ifname).await? else {
+            return fail(format!("container interface {} does not exist", req.ifname));
+        };
+        if let Some(mac) = expected_mac
+            && pod_link.mac != Some(mac)
+        {
+            return fail(format!(
+                "container interface {} has MAC {}, expected {mac}",
+                req.ifname,
+                pod_link.mac.map(|m| m.to_string()).unwrap_or_default()
+            ));
+        }
+        let Some(host_link) = self.host.link(&req.host_veth).await? else {
+            return fail(format!("host veth {} does not exist", req.host_veth));
+        };
+        if !host_link.up {
+            return fail(format!("host veth {} is down", req.host_veth));
+        }
+        if host_link.mac != Some(MacAddr::CALICO_HOST) {
+            return fail(format!(
+                "host veth {} does not have MAC {}",
+                req.host_veth,
+                MacAddr::CALICO_HOST
+            ));
+        }
+        let mut have = self.pod.addresses(pod_link.index, false).await?;
+        have.extend(self.pod.addresses(pod_link.index, true).await?);
+        for ip in &req.ips {
+            if !have.iter().any(|a| a.addr == *ip) {
+                return fail(format!(
+                    "container interface {} lacks address {ip}",
+                    req.ifname
+                ));
+            }
+        }
+        for v6 in [false, true] {
+            let expected: Vec<_> = container_routes(&req.routes, pod_link.index, GATEWAY_V6)
+                .into_iter()
+                .filter(|r| r.dst.addr().is_ipv6() == v6)
+                .collect();
+            if expected.is_empty() {
+                continue;
+            }
+            let routes = self.pod.routes(v6).await?;
+            for r in expected {
+                // The IPv6 gateway may be any host link-local address.
+                let found = routes.iter().any(|have| {
+                    have.dst == r.dst && have.oif == r.oif && (v6 || have.gateway == r.gateway)
+                });
+                if !found {
+                    return fail(format!(
+                        "container route {} via {:?} dev {} is missing",
+                        r.dst, r.gateway, req.ifname
+                    ));
+                }
+            }
+        }
+        if !req.skip_host_routes {
+            for v6 in [false, true] {
+                let wanted: Vec<_> = req
+                    .ips
+                    .iter()
+                    .filter(|ip| ip.addr().is_ipv6() == v6)
+                    .collect();
+                if wanted.is_empty() {
+                    continue;
+                }
+                let routes = self.host.routes(v6).await?;
+                for ip in wanted {
+                    let r = host_route(*ip, host_link.index);
+                    if !routes.iter().any(|h| h.dst == r.dst && h.oif == r.oif) {
+                        return fail(format!(
+                            "host route {} dev {} is missing",
+                            r.dst, req.host_veth
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens the pod netns and the two netlink sockets, then runs `work`.
+/// `Ok(None)` when the netns path does not exist.
+pub async fn with_pod_network<T>(
+    netns_path: &Path,
+    work: impl AsyncFnOnce(&PodNetwork<'_>) -> Result<T, DataplaneError>,
+) -> Result<Option<T>, DataplaneError> {
+    let Some(netns) = NetNs::open(netns_path)? else {
+        return Ok(None);
+    };
+    let host = RtNetlink::connect()?;
+    let (conn, handle) = netns.run(RtNetlink::socket)??;
+    tokio::spawn(conn);
+    let pod = RtNetlink::from_handle(handle);
+    let sysctls = ProcSysctls { netns: &netns };
+    let pn = PodNetwork {
+        host: &host,
+        pod: &pod,
+        sysctls: &sysctls,
+        pod_fd: netns.raw_fd(),
+    };
+    work(&pn).await.map(Some)
+}
+
+/// What DEL found in the pod netns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CleanupOutcome {
+    /// No netns path was given, or it no longer exists.
+    NetnsGone,
+    /// The netns exists but the interface did not.
+    LinkGone,
+    Deleted,
+}
+
+/// CleanUpNamespace: deletes `ifname` inside the pod netns (its host peer
+/// and host routes go with it). A missing netns or link is success.
+pub async fn clean_up_namespace(
+    netns_path: &str,
+    ifname: &str,
+    deadline: Instant,
+) -> Result<CleanupOutcome, DataplaneError> {
+    if netns_path.is_empty() {
+        return Ok(CleanupOutcome::NetnsGone);
+    }
+    let work = async {
+        let Some(netns) = NetNs::open(Path::new(netns_path))? else {
+            return Ok(CleanupOutcome::NetnsGone);
+        };
+        let (conn, handle) = netns.run(RtNetlink::socket)??;
+        tokio::spawn(conn);
+        let deleted = RtNetlink::from_handle(handle).delete_link(ifname).await?;
+        Ok(if deleted {
+            CleanupOutcome::Deleted
+        } else {
+            CleanupOutcome::LinkGone
+        })
+    };
+    tokio::time::timeout(remaining(deadline), work)
+        .await
+        .map_err(|_| {
+            DataplaneError::Timeout(format!("timed out deleting device in netns {netns_path}"))
+        })?
+}
+
+/// Deletes a host-side veth by name (DEL when the pod netns is gone);
+/// `false` when it did not exist.
+pub async fn delete_host_veth(name: &str) -> Result<bool, DataplaneError> {
+    RtNetlink::connect()?.delete_link(name).await
+}
+
+/// Whether a host-side link of that name exists.
+pub async fn host_link_exists(name: &str) -> Result<bool, DataplaneError> {
+    Ok(RtNetlink::connect()?.link(name).await?.is_some())
+}

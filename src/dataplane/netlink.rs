@@ -1,0 +1,373 @@
+//! The netlink operations the dataplane needs, behind a trait (so that the
+//! orchestration can run against a recording fake), and their rtnetlink
+//! implementation on one socket, which lives in the namespace it was made in.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::RawFd;
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
+use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkMessage};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteVia,
+};
+use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+use crate::dataplane::{DataplaneError, MacAddr};
+
+/// What the dataplane needs to know about a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkState {
+    pub index: u32,
+    pub name: String,
+    pub mac: Option<MacAddr>,
+    pub mtu: u32,
+    pub up: bool,
+}
+
+/// A veth pair: `name` in the namespace of the socket, `peer_name` created
+/// directly in the namespace of `peer_netns`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VethSpec {
+    pub name: String,
+    pub mac: Option<MacAddr>,
+    pub peer_name: String,
+    pub peer_mac: Option<MacAddr>,
+    pub peer_netns: RawFd,
+    /// 0 means the kernel default.
+    pub mtu: u32,
+    pub queues: u32,
+}
+
+/// An address as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddrState {
+    pub index: u32,
+    pub addr: IpNet,
+    pub tentative: bool,
+}
+
+/// A route to add, or one read back from the main table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSpec {
+    pub dst: IpNet,
+    pub gateway: Option<IpAddr>,
+    pub oif: Option<u32>,
+    /// Link scope (`scope link`) rather than universe.
+    pub scope_link: bool,
+}
+
+#[async_trait::async_trait]
+pub trait Netlink: Send + Sync {
+    /// The link called `name`, if any.
+    async fn link(&self, name: &str) -> Result<Option<LinkState>, DataplaneError>;
+    /// Deletes the link called `name`; `false` when there was none.
+    async fn delete_link(&self, name: &str) -> Result<bool, DataplaneError>;
+    async fn create_veth(&self, spec: &VethSpec) -> Result<(), DataplaneError>;
+    async fn set_up(&self, index: u32) -> Result<(), DataplaneError>;
+    /// Adds an address; IPv6 addresses skip duplicate address detection.
+    async fn add_address(&self, index: u32, addr: IpNet) -> Result<(), DataplaneError>;
+    async fn addresses(&self, index: u32, v6: bool) -> Result<Vec<AddrState>, DataplaneError>;
+    /// Adds a route to the main table; EEXIST is [`DataplaneError::Exists`].
+    async fn add_route(&self, route: &RouteSpec) -> Result<(), DataplaneError>;
+    /// The main table's routes of one family.
+    async fn routes(&self, v6: bool) -> Result<Vec<RouteSpec>, DataplaneError>;
+}
+
+/// [`Netlink`] over an rtnetlink socket.
+#[derive(Clone)]
+pub struct RtNetlink {
+    handle: Handle,
+}
+
+fn nl_err(op: &str, e: rtnetlink::Error) -> DataplaneError {
+    match e {
+        rtnetlink::Error::NetlinkError(msg) => {
+            let errno = -msg.raw_code();
+            if errno == libc::EEXIST {
+                DataplaneError::Exists(format!("{op}: file exists"))
+            } else {
+                DataplaneError::Netlink {
+                    op: op.to_string(),
+                    errno,
+                    msg: std::io::Error::from_raw_os_error(errno).to_string(),
+                }
+            }
+        }
+        other => DataplaneError::Netlink {
+            op: op.to_string(),
+            errno: 0,
+            msg: other.to_string(),
+        },
+    }
+}
+
+fn is_not_found(e: &DataplaneError) -> bool {
+    matches!(e, DataplaneError::Netlink { errno, .. } if *errno == libc::ENODEV || *errno == libc::ENOENT)
+}
+
+fn link_state(msg: &LinkMessage) -> LinkState {
+    let mut state = LinkState {
+        index: msg.header.index,
+        name: String::new(),
+        mac: None,
+        mtu: 0,
+        up: msg.header.flags.contains(LinkFlags::Up),
+    };
+    for attr in &msg.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => state.name = n.clone(),
+            LinkAttribute::Address(a) => state.mac = MacAddr::from_slice(a),
+            LinkAttribute::Mtu(m) => state.mtu = *m,
+            _ => {}
+        }
+    }
+    state
+}
+
+fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+fn route_spec(msg: &RouteMessage) -> Option<RouteSpec> {
+    let v6 = u8::from(msg.header.address_family) == libc::AF_INET6 as u8;
+    let mut dst: IpAddr = if v6 {
+        Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    };
+    let mut spec = RouteSpec {
+        dst: IpNet::new(dst, 0).ok()?,
+        gateway: None,
+        oif: None,
+        scope_link: msg.header.scope == RouteScope::Link,
+    };
+    let mut table = u32::from(msg.header.table);
+    for attr in &msg.attributes {
+        match attr {
+            RouteAttribute::Destination(a) => dst = route_addr(a)?,
+            RouteAttribute::Gateway(a) => spec.gateway = route_addr(a),
+            RouteAttribute::Via(RouteVia::Inet(a)) => spec.gateway = Some(IpAddr::V4(*a)),
+            RouteAttribute::Via(RouteVia::Inet6(a)) => spec.gateway = Some(IpAddr::V6(*a)),
+            RouteAttribute::Oif(i) => spec.oif = Some(*i),
+            RouteAttribute::Table(t) => table = *t,
+            _ => {}
+        }
+    }
+    if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+        return None;
+    }
+    spec.dst = IpNet::new(dst, msg.header.destination_prefix_length).ok()?;
+    Some(spec)
+}
+
+impl RtNetlink {
+    /// A socket in the calling thread's network namespace. The connection
+    /// task is spawned on the current runtime.
+    pub fn connect() -> Result<RtNetlink, DataplaneError> {
+        let (conn, handle) = Self::socket()?;
+        tokio::spawn(conn);
+        Ok(RtNetlink { handle })
+    }
+
+    /// A socket made in the calling thread's namespace, to be driven later
+    /// (used from a thread inside a pod netns: the socket stays bound to it).
+    #[allow(clippy::type_complexity)]
+    pub fn socket() -> Result<
+        (
+            rtnetlink::proto::Connection<rtnetlink::packet_route::RouteNetlinkMessage>,
+            Handle,
+        ),
+        DataplaneError,
+    > {
+        let (conn, handle, _) =
+            rtnetlink::new_connection().map_err(|e| DataplaneError::Netlink {
+                op: "open netlink socket".into(),
+                errno: e.raw_os_error().unwrap_or(0),
+                msg: e.to_string(),
+            })?;
+        Ok((conn, handle))
+    }
+
+    pub fn from_handle(handle: Handle) -> RtNetlink {
+        RtNetlink { handle }
+    }
+}
+
+#[async_trait::async_trait]
+impl Netlink for RtNetlink {
+    async fn link(&self, name: &str) -> Result<Option<LinkState>, DataplaneError> {
+        let mut stream = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute();
+        match stream.try_next().await {
+            Ok(Some(msg)) => Ok(Some(link_state(&msg))),
+            Ok(None) => Ok(None),
+            Err(e) => {
+                let e = nl_err(&format!("get link {name}"), e);
+                if is_not_found(&e) { Ok(None) } else { Err(e) }
+            }
+        }
+    }
+
+    async fn delete_link(&self, name: &str) -> Result<bool, DataplaneError> {
+        let msg = LinkUnspec::new_with_name(name).build();
+        match self.handle.link().del_with_message(msg).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                let e = nl_err(&format!("delete link {name}"), e);
+                if is_not_found(&e) { Ok(false) } else { Err(e) }
+            }
+        }
+    }
+
+    async fn create_veth(&self, spec: &VethSpec) -> Result<(), DataplaneError> {
+        let mut peer = LinkUnspec::new_with_name(&spec.peer_name).setns_by_fd(spec.peer_netns);
+        let mut main = LinkVeth::new(&spec.name, &spec.peer_name);
+        if spec.mtu > 0 {
+            peer = peer.mtu(spec.mtu);
+            main = main.mtu(spec.mtu);
+        }
+        if let Some(mac) = spec.peer_mac {
+            peer = peer.address(mac.0.to_vec());
+        }
+        if let Some(mac) = spec.mac {
+            main = main.address(mac.0.to_vec());
+        }
+        let queues = spec.queues.max(1);
+        let peer = peer
+            .append_extra_attribute(LinkAttribute::NumTxQueues(queues))
+            .append_extra_attribute(LinkAttribute::NumRxQueues(queues))
+            .build();
+        let main = main
+            .append_extra_attribute(LinkAttribute::NumTxQueues(queues))
+            .append_extra_attribute(LinkAttribute::NumRxQueues(queues))
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+            .build();
+        self.handle.link().add(main).execute().await.map_err(|e| {
+            nl_err(
+                &format!("create veth {} (peer {})", spec.name, spec.peer_name),
+                e,
+            )
+        })
+    }
+
+    async fn set_up(&self, index: u32) -> Result<(), DataplaneError> {
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).up().build())
+            .execute()
+            .await
+            .map_err(|e| nl_err(&format!("set link {index} up"), e))
+    }
+
+    async fn add_address(&self, index: u32, addr: IpNet) -> Result<(), DataplaneError> {
+        let mut req = self
+            .handle
+            .address()
+            .add(index, addr.addr(), addr.prefix_len());
+        if addr.addr().is_ipv6() {
+            let msg = req.message_mut();
+            msg.header.flags |= AddressHeaderFlags::Nodad;
+            msg.attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        req.execute()
+            .await
+            .map_err(|e| nl_err(&format!("add address {addr} to link {index}"), e))
+    }
+
+    async fn addresses(&self, index: u32, v6: bool) -> Result<Vec<AddrState>, DataplaneError> {
+        let msgs: Vec<_> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|e| nl_err(&format!("list addresses of link {index}"), e))?;
+        Ok(msgs
+            .iter()
+            .filter(|m| m.header.index == index)
+            .filter_map(|m| {
+                let mut tentative = m.header.flags.contains(AddressHeaderFlags::Tentative);
+                let mut addr = None;
+                for attr in &m.attributes {
+                    match attr {
+                        AddressAttribute::Address(a) => addr = Some(*a),
+                        AddressAttribute::Flags(f) => {
+                            tentative |= f.contains(AddressFlags::Tentative)
+                        }
+                        _ => {}
+                    }
+                }
+                let addr = addr.filter(|a| a.is_ipv6() == v6)?;
+                Some(AddrState {
+                    index,
+                    addr: IpNet::new(addr, m.header.prefix_len).ok()?,
+                    tentative,
+                })
+            })
+            .collect())
+    }
+
+    async fn add_route(&self, route: &RouteSpec) -> Result<(), DataplaneError> {
+        let mut msg = match (route.dst, route.gateway) {
+            (IpNet::V4(dst), gw) => {
+                let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+                    .destination_prefix(dst.network(), dst.prefix_len());
+                if let Some(IpAddr::V4(gw)) = gw {
+                    b = b.gateway(gw);
+                }
+                b.build()
+            }
+            (IpNet::V6(dst), gw) => {
+                let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
+                    .destination_prefix(dst.network(), dst.prefix_len());
+                if let Some(IpAddr::V6(gw)) = gw {
+                    b = b.gateway(gw);
+                }
+                b.build()
+            }
+        };
+        msg.header.protocol = RouteProtocol::Boot;
+        if route.scope_link {
+            msg.header.scope = RouteScope::Link;
+        }
+        if let Some(oif) = route.oif {
+            msg.attributes.push(RouteAttribute::Oif(oif));
+        }
+        self.handle
+            .route()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(|e| nl_err(&format!("add route {}", route.dst), e))
+    }
+
+    async fn routes(&self, v6: bool) -> Result<Vec<RouteSpec>, DataplaneError> {
+        let query = if v6 {
+            RouteMessageBuilder::<Ipv6Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<Ipv4Addr>::new().build()
+        };
+        let msgs: Vec<_> = self
+            .handle
+            .route()
+            .get(query)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|e| nl_err("list routes", e))?;
+        Ok(msgs.iter().filter_map(route_spec).collect())
+    }
+}

@@ -1,0 +1,102 @@
+//! Calico's sysctls (§7.2): which keys, with which values, on which side.
+//! Values are written as the bare digit, no newline, like Calico.
+
+use std::io::Write;
+
+use crate::dataplane::DataplaneError;
+
+/// One sysctl write; `required: false` failures are only logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sysctl {
+    /// Path under `/proc/sys/`, e.g. `net/ipv4/conf/cali123/proxy_arp`.
+    pub key: String,
+    pub value: &'static str,
+    pub required: bool,
+}
+
+fn set(key: String, value: &'static str) -> Sysctl {
+    Sysctl {
+        key,
+        value,
+        required: true,
+    }
+}
+
+fn try_set(key: String, value: &'static str) -> Sysctl {
+    Sysctl {
+        key,
+        value,
+        required: false,
+    }
+}
+
+/// Host-side sysctls for host veth `h`.
+pub fn host_side(h: &str, has_v4: bool, has_v6: bool) -> Vec<Sysctl> {
+    let mut out = Vec::new();
+    if has_v4 {
+        out.push(set(format!("net/ipv4/conf/{h}/route_localnet"), "1"));
+        out.push(try_set(format!("net/ipv4/neigh/{h}/proxy_delay"), "0"));
+        out.push(set(format!("net/ipv4/conf/{h}/proxy_arp"), "1"));
+        out.push(set(format!("net/ipv4/conf/{h}/forwarding"), "1"));
+    }
+    if has_v6 {
+        out.push(set(format!("net/ipv6/conf/{h}/accept_dad"), "0"));
+        out.push(set(format!("net/ipv6/conf/{h}/disable_ipv6"), "0"));
+        out.push(set(format!("net/ipv6/conf/{h}/proxy_ndp"), "1"));
+        out.push(set(format!("net/ipv6/conf/{h}/forwarding"), "1"));
+    }
+    out.push(try_set(format!("net/ipv6/conf/{h}/accept_ra"), "0"));
+    out
+}
+
+/// Container-side sysctls for container interface `ifname`.
+pub fn container_side(
+    ifname: &str,
+    has_v4: bool,
+    has_v6: bool,
+    allow_forwarding: bool,
+) -> Vec<Sysctl> {
+    let fwd = if allow_forwarding { "1" } else { "0" };
+    let mut out = Vec::new();
+    if has_v6 {
+        out.push(set(format!("net/ipv6/conf/{ifname}/accept_dad"), "0"));
+        for dev in ["all", "default", "lo"] {
+            out.push(set(format!("net/ipv6/conf/{dev}/disable_ipv6"), "0"));
+        }
+        out.push(set("net/ipv6/conf/all/forwarding".into(), fwd));
+    }
+    if has_v4 {
+        out.push(set("net/ipv4/ip_forward".into(), fwd));
+    }
+    out
+}
+
+/// Writes sysctls in the calling thread's network namespace.
+pub fn apply(sysctls: &[Sysctl]) -> Result<(), DataplaneError> {
+    for s in sysctls {
+        let path = format!("/proc/sys/{}", s.key);
+        let result = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(s.value.as_bytes()));
+        match result {
+            Ok(()) => {}
+            Err(e) if !s.required => {
+                tracing::warn!("failed to set {}={}: {e}", s.key.replace('/', "."), s.value);
+            }
+            Err(e) => {
+                return Err(DataplaneError::Sysctl(format!(
+                    "failed to set {}={}: {e}",
+                    s.key.replace('/', "."),
+                    s.value
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads one sysctl in the calling thread's namespace (for CHECK and tests).
+pub fn read(key: &str) -> std::io::Result<String> {
+    std::fs::read_to_string(format!("/proc/sys/{key}")).map(|s| s.trim().to_string())
+}

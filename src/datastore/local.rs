@@ -1,0 +1,983 @@
+//! `LocalStore`: the embedded default datastore, one SQLite file shared by
+//! every plugin process on the node.
+//!
+//! # Schema
+//!
+//! ```sql
+//! CREATE TABLE resources (
+//!     kind      TEXT    NOT NULL,  -- 'WorkloadEndpoint', 'Profile', 'ClusterInformation'
+//!     namespace TEXT    NOT NULL,  -- '' for cluster-scoped kinds
+//!     name      TEXT    NOT NULL,
+//!     uid       TEXT    NOT NULL,
+//!     revision  INTEGER NOT NULL,  -- resourceVersion, as a decimal string
+//!     value     TEXT    NOT NULL,  -- the v3 JSON object, without resourceVersion
+//!     PRIMARY KEY (kind, namespace, name)
+//! ) WITHOUT ROWID;
+//! CREATE TABLE counter (id INTEGER PRIMARY KEY CHECK (id = 1), last_revision INTEGER NOT NULL);
+//! ```
+//!
+//! Like etcd's mod revision, `revision` comes from one global counter that
+//! every write (create, update, delete) advances, so a resourceVersion is
+//! never reused. All writes run in `BEGIN IMMEDIATE` transactions: concurrent
+//! plugin processes queue on SQLite's write lock (up to the busy timeout)
+//! instead of losing or interleaving updates. The file is in WAL mode, so
+//! reads never wait for writers.
+//!
+//! On first creation the store holds ClusterInformation `default` with
+//! `datastoreReady: true`; it is never re-created, so deleting it also makes
+//! the store not ready.
+//!
+//! # Marking the store not ready
+//!
+//! An operator marks the store not ready (every ADD and DEL then fails with
+//! `Calico is currently not ready to process requests`) with the sqlite3 CLI:
+//!
+//! ```sh
+//! sqlite3 -cmd '.timeout 5000' /path/to/store.db "
+//! BEGIN IMMEDIATE;
+//! UPDATE counter SET last_revision = last_revision + 1 WHERE id = 1;
+//! UPDATE resources SET value = json_set(value, '$.spec.datastoreReady', json('false')), revision = (SELECT last_revision FROM counter WHERE id = 1) WHERE kind = 'ClusterInformation' AND namespace = '' AND name = 'default';
+//! COMMIT;"
+//! ```
+//!
+//! Use `json('true')` to mark it ready again. Programs can call
+//! [`LocalStore::set_cluster_ready`] instead.
+
+use std::fmt;
+use std::fs::{DirBuilder, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior, params};
+
+use super::model::{
+    ClusterInformation, ClusterInformationSpec, LABEL_NAMESPACE, LABEL_ORCHESTRATOR, ObjectMeta,
+    Profile, Resource, WorkloadEndpoint,
+};
+use super::{Datastore, DatastoreError, Precondition, random_guid, random_uuid, rfc3339_utc};
+
+/// The `clusterType` of a store created by this plugin.
+pub const CLUSTER_TYPE: &str = "calico-cni-local";
+
+/// Bumped (via `PRAGMA user_version`) when the schema changes.
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS resources (
+    kind      TEXT    NOT NULL,
+    namespace TEXT    NOT NULL,
+    name      TEXT    NOT NULL,
+    uid       TEXT    NOT NULL,
+    revision  INTEGER NOT NULL,
+    value     TEXT    NOT NULL,
+    PRIMARY KEY (kind, namespace, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counter (
+    id            INTEGER PRIMARY KEY CHECK (id = 1),
+    last_revision INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO counter (id, last_revision) VALUES (1, 0);
+";
+
+/// The embedded SQLite datastore. One handle holds one connection; any
+/// number of handles, in any number of processes, may share a file.
+pub struct LocalStore {
+    conn: Mutex<Connection>,
+}
+
+impl fmt::Debug for LocalStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalStore").finish_non_exhaustive()
+    }
+}
+
+impl LocalStore {
+    /// Opens (creating if needed) the store at `path`. Parent directories are
+    /// created with mode 0755 and the file with mode 0600. `busy_timeout`
+    /// bounds every wait for another process's lock, including the one-off
+    /// schema creation when many processes open a fresh file at once.
+    pub fn open(path: &Path, busy_timeout: Duration) -> Result<LocalStore, DatastoreError> {
+        let deadline = Instant::now() + busy_timeout;
+        let unavailable = |what: &str, e: &dyn fmt::Display| {
+            DatastoreError::Unavailable(format!("{what} {}: {e}", path.display()))
+        };
+
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)
+                .map_err(|e| unavailable("creating the directory of", &e))?;
+        }
+        // Create the file ourselves so it gets our mode; SQLite gives its
+        // -wal and -shm files the same mode.
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| unavailable("creating", &e))?;
+
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut conn =
+            Connection::open_with_flags(path, flags).map_err(|e| unavailable("opening", &e))?;
+        conn.busy_timeout(busy_timeout)?;
+
+        // Switching to WAL needs an exclusive lock, and SQLite may report
+        // SQLITE_BUSY here without consulting the busy handler, so retry.
+        let mode: String = retry_while_busy(deadline, || {
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        })?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(unavailable(
+                "enabling WAL on",
+                &format!("journal mode stayed {mode:?}"),
+            ));
+        }
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        let cluster_info = new_cluster_information(true)?;
+        let value = encode(&cluster_info)?;
+        retry_while_busy(deadline, || initialize(&mut conn, &cluster_info, &value))?;
+
+        Ok(LocalStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// Sets ClusterInformation `default`'s `spec.datastoreReady`, creating the
+    /// object if it was deleted.
+    pub fn set_cluster_ready(&self, ready: bool) -> Result<(), DatastoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let info = match get::<ClusterInformation>(&tx, "", ClusterInformation::NAME)? {
+            Some(mut info) => {
+                info.spec.datastore_ready = Some(ready);
+                info
+            }
+            None => new_cluster_information(ready)?,
+        };
+        put(&tx, info)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// ClusterInformation `default`, if present.
+    pub fn get_cluster_information(&self) -> Result<Option<ClusterInformation>, DatastoreError> {
+        get(&self.conn(), "", ClusterInformation::NAME)
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves no transaction open
+        // (rusqlite rolls back on drop), so the connection stays usable.
+        self.conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait::async_trait]
+impl Datastore for LocalStore {
+    async fn cluster_ready(&self) -> Result<bool, DatastoreError> {
+        let info = self.get_cluster_information()?;
+        Ok(info.and_then(|i| i.spec.datastore_ready) == Some(true))
+    }
+
+    async fn get_workload_endpoint(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<WorkloadEndpoint>, DatastoreError> {
+        get(&self.conn(), namespace, name)
+    }
+
+    async fn list_workload_endpoints(
+        &self,
+        namespace: &str,
+        name_prefix: &str,
+    ) -> Result<Vec<WorkloadEndpoint>, DatastoreError> {
+        list(&self.conn(), namespace, name_prefix)
+    }
+
+    async fn create_workload_endpoint(
+        &self,
+        wep: &WorkloadEndpoint,
+    ) -> Result<WorkloadEndpoint, DatastoreError> {
+        create(&mut self.conn(), with_forced_labels(wep))
+    }
+
+    async fn update_workload_endpoint(
+        &self,
+        wep: &WorkloadEndpoint,
+    ) -> Result<WorkloadEndpoint, DatastoreError> {
+        update(&mut self.conn(), with_forced_labels(wep))
+    }
+
+    async fn delete_workload_endpoint(
+        &self,
+        namespace: &str,
+        name: &str,
+        precondition: Precondition,
+    ) -> Result<(), DatastoreError> {
+        let key = Key::new::<WorkloadEndpoint>(namespace, name);
+        delete(&mut self.conn(), &key, &precondition)
+    }
+
+    async fn get_profile(&self, name: &str) -> Result<Option<Profile>, DatastoreError> {
+        get(&self.conn(), "", name)
+    }
+
+    async fn create_profile(&self, profile: &Profile) -> Result<Profile, DatastoreError> {
+        let mut profile = profile.clone();
+        // Profiles are cluster-scoped.
+        profile.metadata.namespace.clear();
+        create(&mut self.conn(), profile)
+    }
+}
+
+impl From<rusqlite::Error> for DatastoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        let message = format!("sqlite: {e}");
+        match e.sqlite_error_code() {
+            Some(
+                ErrorCode::DatabaseBusy
+                | ErrorCode::DatabaseLocked
+                | ErrorCode::CannotOpen
+                | ErrorCode::ReadOnly
+                | ErrorCode::DiskFull
+                | ErrorCode::SystemIoFailure,
+            ) => DatastoreError::Unavailable(message),
+            _ => DatastoreError::Other(message),
+        }
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Runs `op` until it stops failing with SQLITE_BUSY or `deadline` passes.
+fn retry_while_busy<T>(
+    deadline: Instant,
+    mut op: impl FnMut() -> rusqlite::Result<T>,
+) -> Result<T, DatastoreError> {
+    loop {
+        match op() {
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other.map_err(DatastoreError::from),
+        }
+    }
+}
+
+/// Creates the schema and inserts the initial ClusterInformation
+/// (`cluster_info`, whose stored JSON is `value`) exactly once per file,
+/// however many processes race to do it. `user_version` records that it was
+/// done, so a ClusterInformation deleted later is not re-created.
+fn initialize(
+    conn: &mut Connection,
+    cluster_info: &ClusterInformation,
+    value: &str,
+) -> rusqlite::Result<()> {
+    let version =
+        |c: &Connection| c.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0));
+    if version(conn)? >= SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Re-check under the write lock: another process may have won the race.
+    if version(&tx)? < SCHEMA_VERSION {
+        tx.execute_batch(SCHEMA)?;
+        let revision = next_revision(&tx)?;
+        let key = Key::of(cluster_info);
+        tx.execute(
+            "INSERT OR IGNORE INTO resources (kind, namespace, name, uid, revision, value)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                key.kind,
+                key.namespace,
+                key.name,
+                cluster_info.metadata.uid,
+                revision,
+                value
+            ],
+        )?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    }
+    tx.commit()
+}
+
+fn new_cluster_information(ready: bool) -> Result<ClusterInformation, DatastoreError> {
+    Ok(ClusterInformation {
+        metadata: ObjectMeta {
+            uid: random_uuid()?,
+            creation_timestamp: rfc3339_utc(SystemTime::now()),
+            ..ObjectMeta::named("", ClusterInformation::NAME)
+        },
+        spec: ClusterInformationSpec {
+            cluster_guid: random_guid()?,
+            cluster_type: CLUSTER_TYPE.to_string(),
+            datastore_ready: Some(ready),
+            ..ClusterInformationSpec::default()
+        },
+        ..ClusterInformation::default()
+    })
+}
+
+fn with_forced_labels(wep: &WorkloadEndpoint) -> WorkloadEndpoint {
+    let mut wep = wep.clone();
+    let namespace = wep.metadata.namespace.clone();
+    let orchestrator = wep.spec.orchestrator.clone();
+    wep.metadata
+        .labels
+        .insert(LABEL_NAMESPACE.to_string(), namespace);
+    wep.metadata
+        .labels
+        .insert(LABEL_ORCHESTRATOR.to_string(), orchestrator);
+    wep
+}
+
+/// The primary key of a stored resource; displays as `Kind(ns/name)`.
+struct Key<'a> {
+    kind: &'static str,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl<'a> Key<'a> {
+    fn new<R: Resource>(namespace: &'a str, name: &'a str) -> Key<'a> {
+        Key {
+            kind: R::KIND,
+            namespace,
+            name,
+        }
+    }
+
+    fn of<R: Resource>(resource: &'a R) -> Key<'a> {
+        let meta = resource.metadata();
+        Key::new::<R>(&meta.namespace, &meta.name)
+    }
+}
+
+impl fmt::Display for Key<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{}({})", self.kind, self.name)
+        } else {
+            write!(f, "{}({}/{})", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+fn decode<R: Resource>(key: &Key, revision: i64, value: &str) -> Result<R, DatastoreError> {
+    let mut resource: R = serde_json::from_str(value)
+        .map_err(|e| DatastoreError::Other(format!("stored {key} is malformed: {e}")))?;
+    resource.metadata_mut().resource_version = revision.to_string();
+    Ok(resource)
+}
+
+/// The stored form of `resource`: its JSON (callers clear resourceVersion).
+fn encode<R: Resource>(resource: &R) -> Result<String, DatastoreError> {
+    serde_json::to_string(resource)
+        .map_err(|e| DatastoreError::Other(format!("encoding {}: {e}", Key::of(resource))))
+}
+
+fn get<R: Resource>(
+    conn: &Connection,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<R>, DatastoreError> {
+    let key = Key::new::<R>(namespace, name);
+    let row = conn
+        .query_row(
+            "SELECT revision, value FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+            params![key.kind, key.namespace, key.name],
+            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
+        )
+        .optional()?;
+    row.map(|(revision, value)| decode(&key, revision, &value))
+        .transpose()
+}
+
+/// Resources of kind `R` in `namespace` whose name starts with `prefix`,
+/// sorted by name (byte order).
+fn list<R: Resource>(
+    conn: &Connection,
+    namespace: &str,
+    prefix: &str,
+) -> Result<Vec<R>, DatastoreError> {
+    // `name >= prefix` lets SQLite range-scan the primary key; the substr
+    // test is exact (no LIKE wildcards to escape).
+    let mut statement = conn.prepare(
+        "SELECT name, revision, value FROM resources
+         WHERE kind = ?1 AND namespace = ?2 AND name >= ?3 AND substr(name, 1, length(?3)) = ?3
+         ORDER BY name",
+    )?;
+    let rows = statement.query_map(params![R::KIND, namespace, prefix], |row| {
+        Ok((
+            row.get::<_, String>(0)?,
+            row.get::<_, i64>(1)?,
+            row.get::<_, String>(2)?,
+        ))
+    })?;
+    let mut found = Vec::new();
+    for row in rows {
+        let (name, revision, value) = row?;
+        found.push(decode(&Key::new::<R>(namespace, &name), revision, &value)?);
+    }
+    Ok(found)
+}
+
+fn exists(conn: &Connection, key: &Key) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3)",
+        params![key.kind, key.namespace, key.name],
+        |row| row.get(0),
+    )
+}
+
+/// Advances the global revision counter; call only inside a write transaction.
+fn next_revision(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row(
+        "UPDATE counter SET last_revision = last_revision + 1 WHERE id = 1 RETURNING last_revision",
+        [],
+        |row| row.get(0),
+    )
+}
+
+/// Stores `resource` (replacing any row with its key) under a new revision
+/// and returns it with that resourceVersion. Call inside a write transaction.
+fn put<R: Resource>(conn: &Connection, mut resource: R) -> Result<R, DatastoreError> {
+    resource.metadata_mut().resource_version.clear();
+    let value = encode(&resource)?;
+    let revision = next_revision(conn)?;
+    let key = Key::of(&resource);
+    conn.execute(
+        "INSERT OR REPLACE INTO resources (kind, namespace, name, uid, revision, value)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            key.kind,
+            key.namespace,
+            key.name,
+            resource.metadata().uid,
+            revision,
+            value
+        ],
+    )?;
+    resource.metadata_mut().resource_version = revision.to_string();
+    Ok(resource)
+}
+
+fn require_name<R: Resource>(resource: &R) -> Result<(), DatastoreError> {
+    if resource.metadata().name.is_empty() {
+        return Err(DatastoreError::Other(format!(
+            "{} metadata.name must be set",
+            R::KIND
+        )));
+    }
+    Ok(())
+}
+
+fn create<R: Resource>(conn: &mut Connection, mut resource: R) -> Result<R, DatastoreError> {
+    require_name(&resource)?;
+    let meta = resource.metadata_mut();
+    meta.uid = random_uuid()?;
+    meta.creation_timestamp = rfc3339_utc(SystemTime::now());
+
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    if exists(&tx, &Key::of(&resource))? {
+        return Err(DatastoreError::AlreadyExists(
+            Key::of(&resource).to_string(),
+        ));
+    }
+    let stored = put(&tx, resource)?;
+    tx.commit()?;
+    Ok(stored)
+}
+
+fn update<R: Resource>(conn: &mut Connection, mut resource: R) -> Result<R, DatastoreError> {
+    require_name(&resource)?;
+    let key = Key::of(&resource);
+    if resource.metadata().resource_version.is_empty() {
+        return Err(DatastoreError::Other(format!(
+            "metadata.resourceVersion is required to update {key}"
+        )));
+    }
+
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let current: R = get(&tx, key.namespace, key.name)?
+        .ok_or_else(|| DatastoreError::NotFound(key.to_string()))?;
+    if current.metadata().resource_version != resource.metadata().resource_version {
+        return Err(DatastoreError::Conflict(key.to_string()));
+    }
+    let current = current.metadata();
+    let meta = resource.metadata_mut();
+    meta.uid.clone_from(&current.uid);
+    meta.creation_timestamp
+        .clone_from(&current.creation_timestamp);
+
+    let stored = put(&tx, resource)?;
+    tx.commit()?;
+    Ok(stored)
+}
+
+fn delete(
+    conn: &mut Connection,
+    key: &Key,
+    precondition: &Precondition,
+) -> Result<(), DatastoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let (revision, uid) = tx
+        .query_row(
+            "SELECT revision, uid FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+            params![key.kind, key.namespace, key.name],
+            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
+        )
+        .optional()?
+        .ok_or_else(|| DatastoreError::NotFound(key.to_string()))?;
+    let stale_revision = precondition
+        .resource_version
+        .as_ref()
+        .is_some_and(|want| *want != revision.to_string());
+    let other_uid = precondition.uid.as_ref().is_some_and(|want| *want != uid);
+    if stale_revision || other_uid {
+        return Err(DatastoreError::Conflict(key.to_string()));
+    }
+    tx.execute(
+        "DELETE FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+        params![key.kind, key.namespace, key.name],
+    )?;
+    next_revision(&tx)?;
+    tx.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::future::Future;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::PathBuf;
+    use std::process::Command;
+    use std::sync::Arc;
+
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+
+    fn run<F: Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(future)
+    }
+
+    fn store_in(dir: &tempfile::TempDir) -> (PathBuf, LocalStore) {
+        let path = dir.path().join("nested/dir/store.db");
+        let store = LocalStore::open(&path, TIMEOUT).expect("open");
+        (path, store)
+    }
+
+    fn k8s_wep(namespace: &str, name: &str) -> WorkloadEndpoint {
+        let mut wep = WorkloadEndpoint::new(namespace, name);
+        wep.spec.orchestrator = "k8s".into();
+        wep.spec.node = "node1".into();
+        wep.spec.endpoint = "eth0".into();
+        wep.spec.ip_networks = vec!["10.0.0.1/32".into()];
+        wep
+    }
+
+    #[test]
+    fn create_get_and_forced_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = store_in(&dir);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o755);
+
+        let mut wep = k8s_wep("ns1", "node1-k8s-mypod-eth0");
+        wep.metadata
+            .labels
+            .insert(LABEL_NAMESPACE.into(), "spoofed".into());
+        wep.metadata.uid = "caller-chosen".into();
+        let created = run(store.create_workload_endpoint(&wep)).unwrap();
+
+        let meta = &created.metadata;
+        assert_eq!(meta.labels[LABEL_NAMESPACE], "ns1");
+        assert_eq!(meta.labels[LABEL_ORCHESTRATOR], "k8s");
+        assert_eq!(meta.uid.len(), 36);
+        assert_ne!(meta.uid, "caller-chosen");
+        assert!(meta.resource_version.parse::<i64>().unwrap() > 0);
+        let ts = meta.creation_timestamp.as_bytes();
+        assert_eq!((ts.len(), ts[10], ts[19]), (20, b'T', b'Z'));
+
+        let fetched = run(store.get_workload_endpoint("ns1", "node1-k8s-mypod-eth0")).unwrap();
+        assert_eq!(fetched.as_ref(), Some(&created));
+        assert_eq!(
+            run(store.get_workload_endpoint("ns2", "node1-k8s-mypod-eth0")).unwrap(),
+            None
+        );
+
+        // resourceVersion lives only in the revision column.
+        let conn = Connection::open(&path).unwrap();
+        let value: String = conn
+            .query_row(
+                "SELECT value FROM resources WHERE kind = 'WorkloadEndpoint'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(!value.contains("resourceVersion"), "{value}");
+        assert!(value.contains(&created.metadata.uid));
+    }
+
+    #[test]
+    fn create_twice_is_already_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, store) = store_in(&dir);
+        let wep = k8s_wep("ns1", "node1-k8s-mypod-eth0");
+        run(store.create_workload_endpoint(&wep)).unwrap();
+        let err = run(store.create_workload_endpoint(&wep)).unwrap_err();
+        assert!(matches!(err, DatastoreError::AlreadyExists(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "resource already exists: WorkloadEndpoint(ns1/node1-k8s-mypod-eth0)"
+        );
+    }
+
+    #[test]
+    fn list_by_prefix_within_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, store) = store_in(&dir);
+        for (ns, name) in [
+            ("ns1", "node1-k8s-mypod-eth0"),
+            ("ns1", "node1-k8s-mypod--1-eth0"),
+            ("ns1", "node1-k8s-other-eth0"),
+            ("ns1", "node1xk8s-mypod-eth0"),
+            ("ns2", "node1-k8s-mypod-eth0"),
+        ] {
+            run(store.create_workload_endpoint(&k8s_wep(ns, name))).unwrap();
+        }
+        let names = |ns: &str, prefix: &str| -> Vec<String> {
+            run(store.list_workload_endpoints(ns, prefix))
+                .unwrap()
+                .into_iter()
+                .map(|w| format!("{}/{}", w.metadata.namespace, w.metadata.name))
+                .collect()
+        };
+        assert_eq!(
+            names("ns1", "node1-k8s-mypod-"),
+            ["ns1/node1-k8s-mypod--1-eth0", "ns1/node1-k8s-mypod-eth0"]
+        );
+        assert_eq!(
+            names("ns2", "node1-k8s-mypod-"),
+            ["ns2/node1-k8s-mypod-eth0"]
+        );
+        assert_eq!(names("ns1", "node1").len(), 4);
+        assert!(names("ns1", "node1_").is_empty());
+        assert!(names("ns1", "node1%").is_empty());
+        assert!(names("ns3", "").is_empty());
+    }
+
+    #[test]
+    fn update_is_compare_and_swap() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, store) = store_in(&dir);
+        let created = run(store.create_workload_endpoint(&k8s_wep("ns1", "w"))).unwrap();
+
+        let mut changed = created.clone();
+        changed.spec.profiles = vec!["kns.ns1".into()];
+        changed.metadata.uid = "ignored".into();
+        changed.metadata.labels.clear();
+        let updated = run(store.update_workload_endpoint(&changed)).unwrap();
+        assert_eq!(updated.metadata.uid, created.metadata.uid);
+        assert_eq!(
+            updated.metadata.creation_timestamp,
+            created.metadata.creation_timestamp
+        );
+        assert_eq!(updated.metadata.labels[LABEL_NAMESPACE], "ns1");
+        assert_ne!(
+            updated.metadata.resource_version,
+            created.metadata.resource_version
+        );
+        assert_eq!(
+            run(store.get_workload_endpoint("ns1", "w")).unwrap(),
+            Some(updated)
+        );
+
+        // `changed` still carries the old resourceVersion.
+        let err = run(store.update_workload_endpoint(&changed)).unwrap_err();
+        assert!(matches!(err, DatastoreError::Conflict(_)), "{err:?}");
+
+        let mut missing = changed.clone();
+        missing.metadata.name = "absent".into();
+        let err = run(store.update_workload_endpoint(&missing)).unwrap_err();
+        assert!(matches!(err, DatastoreError::NotFound(_)), "{err:?}");
+
+        let mut unversioned = changed;
+        unversioned.metadata.resource_version.clear();
+        let err = run(store.update_workload_endpoint(&unversioned)).unwrap_err();
+        assert!(matches!(err, DatastoreError::Other(_)), "{err:?}");
+    }
+
+    #[test]
+    fn delete_checks_preconditions() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, store) = store_in(&dir);
+        let created = run(store.create_workload_endpoint(&k8s_wep("ns1", "w"))).unwrap();
+        let delete = |precondition| run(store.delete_workload_endpoint("ns1", "w", precondition));
+
+        let err = delete(Precondition {
+            uid: Some("someone-else".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(matches!(err, DatastoreError::Conflict(_)), "{err:?}");
+
+        let err = delete(Precondition {
+            resource_version: Some("999999".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(matches!(err, DatastoreError::Conflict(_)), "{err:?}");
+
+        delete(Precondition {
+            resource_version: Some(created.metadata.resource_version.clone()),
+            uid: Some(created.metadata.uid.clone()),
+        })
+        .unwrap();
+        assert_eq!(run(store.get_workload_endpoint("ns1", "w")).unwrap(), None);
+
+        let err = delete(Precondition::default()).unwrap_err();
+        assert!(matches!(err, DatastoreError::NotFound(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "resource does not exist: WorkloadEndpoint(ns1/w)"
+        );
+    }
+
+    #[test]
+    fn profiles() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, store) = store_in(&dir);
+        assert_eq!(run(store.get_profile("net1")).unwrap(), None);
+
+        let profile = Profile::for_network("net1", false);
+        let created = run(store.create_profile(&profile)).unwrap();
+        assert_eq!(created.spec, profile.spec);
+        assert!(!created.metadata.uid.is_empty());
+        assert_eq!(run(store.get_profile("net1")).unwrap(), Some(created));
+
+        let err = run(store.create_profile(&profile)).unwrap_err();
+        assert_eq!(err.to_string(), "resource already exists: Profile(net1)");
+    }
+
+    #[test]
+    fn cluster_readiness() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = store_in(&dir);
+        assert!(run(store.cluster_ready()).unwrap());
+        let info = store.get_cluster_information().unwrap().unwrap();
+        assert_eq!(info.spec.cluster_type, CLUSTER_TYPE);
+        assert_eq!(info.spec.cluster_guid.len(), 32);
+
+        store.set_cluster_ready(false).unwrap();
+        assert!(!run(store.cluster_ready()).unwrap());
+        let after = store.get_cluster_information().unwrap().unwrap();
+        assert_eq!(after.spec.cluster_guid, info.spec.cluster_guid);
+
+        store.set_cluster_ready(true).unwrap();
+        assert!(run(store.cluster_ready()).unwrap());
+
+        // Deleting the object makes the store not ready, and reopening does
+        // not bring it back.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute(
+            "DELETE FROM resources WHERE kind = 'ClusterInformation'",
+            [],
+        )
+        .unwrap();
+        assert!(!run(store.cluster_ready()).unwrap());
+        let reopened = LocalStore::open(&path, TIMEOUT).unwrap();
+        assert!(!run(reopened.cluster_ready()).unwrap());
+        assert_eq!(reopened.get_cluster_information().unwrap(), None);
+    }
+
+    /// The SQL in the module documentation works as documented.
+    #[test]
+    fn operator_sql_marks_not_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = store_in(&dir);
+        let before = store.get_cluster_information().unwrap().unwrap();
+        let sql = "BEGIN IMMEDIATE;
+UPDATE counter SET last_revision = last_revision + 1 WHERE id = 1;
+UPDATE resources SET value = json_set(value, '$.spec.datastoreReady', json('false')), revision = (SELECT last_revision FROM counter WHERE id = 1) WHERE kind = 'ClusterInformation' AND namespace = '' AND name = 'default';
+COMMIT;";
+        let docs = include_str!("local.rs").replace("\n//! ", "\n");
+        assert!(docs.contains(sql), "module docs must show the tested SQL");
+
+        Connection::open(&path).unwrap().execute_batch(sql).unwrap();
+        assert!(!run(store.cluster_ready()).unwrap());
+        let after = store.get_cluster_information().unwrap().unwrap();
+        assert_eq!(after.spec.datastore_ready, Some(false));
+        assert_eq!(after.spec.cluster_guid, before.spec.cluster_guid);
+        let revision = |i: &ClusterInformation| i.metadata.resource_version.parse::<i64>().unwrap();
+        assert!(revision(&after) > revision(&before));
+
+        let again = Connection::open(&path).unwrap();
+        again
+            .execute_batch(&sql.replace("json('false')", "json('true')"))
+            .unwrap();
+        assert!(run(store.cluster_ready()).unwrap());
+    }
+
+    #[test]
+    fn concurrent_creates_from_separate_connections() {
+        const THREADS: usize = 8;
+        const PER_THREAD: usize = 25;
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = store_in(&dir);
+        let path = Arc::new(path);
+
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let path = Arc::clone(&path);
+                std::thread::spawn(move || {
+                    let store = LocalStore::open(&path, TIMEOUT).unwrap();
+                    for i in 0..PER_THREAD {
+                        let wep = k8s_wep("ns1", &format!("node1-k8s-pod{t}x{i}-eth0"));
+                        run(store.create_workload_endpoint(&wep)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+
+        let all = run(store.list_workload_endpoints("ns1", "")).unwrap();
+        assert_eq!(all.len(), THREADS * PER_THREAD);
+        let revisions: BTreeSet<&str> = all
+            .iter()
+            .map(|w| w.metadata.resource_version.as_str())
+            .collect();
+        assert_eq!(revisions.len(), THREADS * PER_THREAD);
+    }
+
+    #[test]
+    fn racing_updates_lose_nothing() {
+        const THREADS: usize = 8;
+        const UPDATES_PER_THREAD: usize = 10;
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = store_in(&dir);
+        run(store.create_workload_endpoint(&k8s_wep("ns1", "shared"))).unwrap();
+        let path = Arc::new(path);
+
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let path = Arc::clone(&path);
+                std::thread::spawn(move || {
+                    let store = LocalStore::open(&path, TIMEOUT).unwrap();
+                    let mut conflicts = 0;
+                    for i in 0..UPDATES_PER_THREAD {
+                        loop {
+                            let mut wep = run(store.get_workload_endpoint("ns1", "shared"))
+                                .unwrap()
+                                .unwrap();
+                            wep.spec.profiles.push(format!("t{t}-{i}"));
+                            match run(store.update_workload_endpoint(&wep)) {
+                                Ok(_) => break,
+                                Err(DatastoreError::Conflict(_)) => conflicts += 1,
+                                Err(e) => panic!("update failed: {e}"),
+                            }
+                        }
+                    }
+                    conflicts
+                })
+            })
+            .collect();
+        let conflicts: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+
+        let wep = run(store.get_workload_endpoint("ns1", "shared"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(wep.spec.profiles.len(), THREADS * UPDATES_PER_THREAD);
+        let distinct: BTreeSet<&String> = wep.spec.profiles.iter().collect();
+        assert_eq!(distinct.len(), THREADS * UPDATES_PER_THREAD);
+        eprintln!("racing updates: {conflicts} conflicts retried");
+    }
+
+    const CHILD_PATH_ENV: &str = "CALICO_CNI_TEST_LOCALSTORE_PATH";
+    const CHILD_INDEX_ENV: &str = "CALICO_CNI_TEST_LOCALSTORE_INDEX";
+
+    /// Not a test on its own: the body of each child process spawned by
+    /// `many_processes_open_a_fresh_file_at_once` (a no-op otherwise).
+    #[test]
+    fn child_opens_store_and_creates_one_wep() {
+        let (Ok(path), Ok(index)) = (
+            std::env::var(CHILD_PATH_ENV),
+            std::env::var(CHILD_INDEX_ENV),
+        ) else {
+            return;
+        };
+        let path = PathBuf::from(path);
+        // Wait for the starting gun so that all children open together.
+        let go = path.with_extension("go");
+        while !go.exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let store = LocalStore::open(&path, TIMEOUT).unwrap();
+        let wep = k8s_wep("ns1", &format!("child-{index}"));
+        run(store.create_workload_endpoint(&wep)).unwrap();
+    }
+
+    #[test]
+    fn many_processes_open_a_fresh_file_at_once() {
+        const PROCESSES: usize = 50;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fresh/store.db");
+        let exe = std::env::current_exe().unwrap();
+
+        let children: Vec<_> = (0..PROCESSES)
+            .map(|i| {
+                Command::new(&exe)
+                    .args([
+                        "--exact",
+                        "datastore::local::tests::child_opens_store_and_creates_one_wep",
+                        "--test-threads=1",
+                        "--quiet",
+                    ])
+                    .env(CHILD_PATH_ENV, &path)
+                    .env(CHILD_INDEX_ENV, i.to_string())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path.with_extension("go"), b"").unwrap();
+        for mut child in children {
+            assert!(child.wait().unwrap().success(), "a child process failed");
+        }
+
+        let store = LocalStore::open(&path, TIMEOUT).unwrap();
+        let weps = run(store.list_workload_endpoints("ns1", "child-")).unwrap();
+        assert_eq!(weps.len(), PROCESSES);
+        assert!(run(store.cluster_ready()).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        let infos: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM resources WHERE kind = 'ClusterInformation'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(infos, 1);
+    }
+}

@@ -1,0 +1,10 @@
+//! A drop-in replacement for Project Calico's `calico` and `calico-ipam`
+//! CNI plugins.
+
+pub mod app;
+pub mod cni;
+pub mod dataplane;
+pub mod datastore;
+pub mod ipam;
+pub mod logging;
+pub mod plugin;

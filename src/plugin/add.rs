@@ -1,0 +1,358 @@
+//! cmdAdd: the common prelude (§4.1) and the plain-CNI path (§4.2).
+//! Every step after IPAM ADD is undone if a later one fails.
+
+use std::path::Path;
+
+use ipnet::IpNet;
+use serde_json::Value;
+
+use crate::cni::env::Command;
+use crate::cni::result::{CniResult, Interface, IpConfig};
+use crate::cni::{Error, Request, Result};
+use crate::dataplane::linux::{Networking, delete_host_veth, with_pod_network};
+use crate::datastore::model::{Profile, WorkloadEndpoint};
+use crate::datastore::names::{WepIdentifiers, sanitize_mesos_label};
+use crate::datastore::{Datastore, Precondition};
+use crate::plugin::{
+    datastore_err, default_routes, ensure_ready, host_prefix, host_veth_name, identifiers,
+    inject_fault, ipam, nodename, open_datastore, wep_namespace,
+};
+
+/// What an ADD has done so far, to be undone if a later step fails.
+#[derive(Default)]
+struct Undo {
+    ipam_allocated: bool,
+    host_veth: Option<String>,
+    /// (namespace, name, uid) of a WorkloadEndpoint this ADD created.
+    endpoint: Option<(String, String, String)>,
+}
+
+impl Undo {
+    async fn run(self, req: &Request, store: &dyn Datastore) {
+        if let Some((ns, name, uid)) = self.endpoint {
+            let pre = Precondition {
+                resource_version: None,
+                uid: Some(uid),
+            };
+            if let Err(e) = store.delete_workload_endpoint(&ns, &name, pre).await {
+                tracing::error!("rollback: failed to delete WorkloadEndpoint {ns}/{name}: {e}");
+            }
+        }
+        if let Some(veth) = self.host_veth
+            && let Err(e) = delete_host_veth(&veth).await
+        {
+            tracing::error!("rollback: failed to delete veth {veth}: {e}");
+        }
+        if self.ipam_allocated
+            && let Err(e) = ipam(req).run(Command::Del, &req.raw).await
+        {
+            tracing::error!("rollback: failed to release the IPAM allocation: {e}");
+        }
+    }
+}
+
+/// Checks that need nothing but the config (the dataplane choice).
+fn validate_dataplane(req: &Request) -> Result<()> {
+    match req.conf.device_type.as_str() {
+        "" | "veth" => {}
+        "netkit" => {
+            return Err(Error::UnsupportedField(
+                "device_type \"netkit\" is not supported by this build; use \"veth\"".into(),
+            ));
+        }
+        other => {
+            return Err(Error::InvalidConfig(format!(
+                "unknown device_type {other:?} in CNI config (supported: \"veth\", \"netkit\")"
+            )));
+        }
+    }
+    match req
+        .conf
+        .dataplane_options
+        .get("type")
+        .and_then(Value::as_str)
+    {
+        None => Ok(()),
+        Some("grpc") => Err(Error::UnsupportedField(
+            "dataplane_options type \"grpc\" is not supported by this build".into(),
+        )),
+        Some(other) => Err(Error::InvalidConfig(format!(
+            "invalid dataplane type: {other}"
+        ))),
+    }
+}
+
+/// Labels from Mesos' `args` (plain CNI only).
+fn mesos_labels(req: &Request, wep: &mut WorkloadEndpoint) {
+    let labels = req
+        .conf
+        .args
+        .get("org.apache.mesos")
+        .and_then(|m| m.pointer("/network_info/labels/labels"))
+        .and_then(Value::as_array);
+    for label in labels.into_iter().flatten() {
+        let (Some(k), Some(v)) = (
+            label.get("key").and_then(Value::as_str),
+            label.get("value").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        if k == "projectcalico.org/namespace" {
+            wep.metadata.namespace = sanitize_mesos_label(v);
+        } else {
+            wep.metadata
+                .labels
+                .insert(sanitize_mesos_label(k), sanitize_mesos_label(v));
+        }
+    }
+}
+
+/// The printed result for an endpoint: host veth, container interface,
+/// every address at index 1.
+fn endpoint_result(
+    req: &Request,
+    host_veth: &str,
+    mac: &str,
+    ips: &[IpNet],
+    from_ipam: Option<&CniResult>,
+) -> CniResult {
+    let mtu = u32::try_from(req.conf.mtu).ok().filter(|m| *m > 0);
+    CniResult {
+        interfaces: vec![
+            Interface {
+                name: host_veth.to_string(),
+                ..Interface::default()
+            },
+            Interface {
+                name: req.env.ifname.clone(),
+                mac: Some(mac.to_string()),
+                mtu,
+                sandbox: Some(req.env.netns.clone()),
+                ..Interface::default()
+            },
+        ],
+        ips: ips
+            .iter()
+            .map(|ip| IpConfig {
+                address: *ip,
+                gateway: None,
+                interface: Some(1),
+            })
+            .collect(),
+        routes: from_ipam.map(|r| r.routes.clone()).unwrap_or_default(),
+        dns: from_ipam.map(|r| r.dns.clone()).unwrap_or_default(),
+    }
+}
+
+/// cmdAdd.
+pub async fn cmd_add(req: &Request) -> Result<CniResult> {
+    // Prelude: everything that can be refused before any state changes.
+    req.conf.check_nodename_file()?;
+    let mtu = req.conf.resolve_mtu()?;
+    validate_dataplane(req)?;
+    if req.env.args.k8s_pod().is_some() {
+        return Err(Error::UnsupportedField(
+            "Kubernetes pods (K8S_POD_NAME/K8S_POD_NAMESPACE in CNI_ARGS) are not supported by this build yet".into(),
+        ));
+    }
+    if req.conf.feature_control.ip_addrs_no_ipam {
+        return Err(Error::UnsupportedField(
+            "requested feature is not supported for this runtime: ip_addrs_no_ipam".into(),
+        ));
+    }
+    let node = nodename(req);
+    let ids = identifiers(req, &node);
+    let namespace = wep_namespace(req);
+    let store = open_datastore(req)?;
+    ensure_ready(store.as_ref()).await?;
+
+    // Is there an endpoint for this workload already?
+    let prefix = lookup_prefix(&ids)?;
+    let existing = store
+        .list_workload_endpoints(&namespace, &prefix)
+        .await
+        .map_err(datastore_err("error listing WorkloadEndpoints"))?
+        .into_iter()
+        .find(|w| ids.name_matches(&w.metadata.name));
+
+    let result = match existing {
+        Some(wep) => add_to_existing(req, store.as_ref(), wep).await?,
+        None => {
+            let name = ids.name().map_err(|e| {
+                Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
+            })?;
+            let mut undo = Undo::default();
+            match add_new(
+                req,
+                store.as_ref(),
+                &namespace,
+                &name,
+                &node,
+                mtu,
+                &mut undo,
+            )
+            .await
+            {
+                Ok(result) => result,
+                Err(e) => {
+                    undo.run(req, store.as_ref()).await;
+                    return Err(e);
+                }
+            }
+        }
+    };
+    Ok(result)
+}
+
+/// The name prefix that finds this workload's endpoints on any interface.
+fn lookup_prefix(ids: &WepIdentifiers) -> Result<String> {
+    let mut ids = ids.clone();
+    ids.endpoint.clear();
+    ids.name_prefix()
+        .map_err(|e| Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}")))
+}
+
+/// The same container joins again (repeat ADD, or another network): the
+/// profile is added, the result rebuilt from the endpoint; no IPAM, no
+/// networking.
+async fn add_to_existing(
+    req: &Request,
+    store: &dyn Datastore,
+    mut wep: WorkloadEndpoint,
+) -> Result<CniResult> {
+    tracing::info!(endpoint = %wep.metadata.name, "endpoint already exists; reusing it");
+    let profile = req.conf.name.clone();
+    if !wep.spec.profiles.contains(&profile) {
+        wep.spec.profiles.push(profile);
+    }
+    let wep = store
+        .update_workload_endpoint(&wep)
+        .await
+        .map_err(datastore_err("error updating WorkloadEndpoint"))?;
+    ensure_profile(req, store).await?;
+    let ips: Vec<IpNet> = wep
+        .spec
+        .ip_networks
+        .iter()
+        .map(|s| {
+            s.parse::<IpNet>()
+                .map_err(|e| Error::Datastore(format!("bad ipNetworks entry {s:?}: {e}")))
+        })
+        .collect::<Result<_>>()?;
+    let mut result = endpoint_result(req, &wep.spec.interface_name, &wep.spec.mac, &ips, None);
+    result.interfaces[1].name = wep.spec.endpoint.clone();
+    Ok(result)
+}
+
+/// Profile creation when `policy.type` is empty: created once, never updated.
+async fn ensure_profile(req: &Request, store: &dyn Datastore) -> Result<()> {
+    if !req.conf.policy.kind.is_empty() {
+        return Ok(());
+    }
+    let name = &req.conf.name;
+    match store.get_profile(name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => match store
+            .create_profile(&Profile::for_network(name, false))
+            .await
+        {
+            Ok(_) | Err(crate::datastore::DatastoreError::AlreadyExists(_)) => Ok(()),
+            Err(e) => Err(Error::Datastore(format!(
+                "error creating profile {name}: {e}"
+            ))),
+        },
+        Err(e) => Err(Error::Datastore(format!(
+            "error getting profile {name}: {e}"
+        ))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn add_new(
+    req: &Request,
+    store: &dyn Datastore,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    mtu: u32,
+    undo: &mut Undo,
+) -> Result<CniResult> {
+    // 1. Addresses from the IPAM plugin.
+    let ipam_result = ipam(req).add(&req.raw).await?;
+    undo.ipam_allocated = true;
+    inject_fault(req, "ipam")?;
+    if ipam_result.ips.is_empty() {
+        return Err(Error::Ipam(
+            "IPAM plugin returned no IP addresses in result".into(),
+        ));
+    }
+    let ips: Vec<IpNet> = ipam_result
+        .ips
+        .iter()
+        .map(|ip| host_prefix(&ip.address))
+        .collect();
+
+    // 2. The endpoint as it will be stored.
+    let host_veth = host_veth_name(req);
+    let mut wep = WorkloadEndpoint::new(namespace, name);
+    mesos_labels(req, &mut wep);
+    wep.spec.endpoint = req.env.ifname.clone();
+    wep.spec.node = node.to_string();
+    wep.spec.orchestrator = "cni".into();
+    wep.spec.container_id = req.env.container_id.clone();
+    wep.spec.profiles = vec![req.conf.name.clone()];
+    wep.spec.ip_networks = ips.iter().map(|ip| ip.to_string()).collect();
+
+    // 3. DoNetworking.
+    let networking = Networking {
+        ifname: req.env.ifname.clone(),
+        host_veth: host_veth.clone(),
+        ips: ips.clone(),
+        routes: default_routes(&ips),
+        mtu,
+        queues: req.conf.num_queues(),
+        container_mac: None,
+        allow_ip_forwarding: req.conf.container_settings.allow_ip_forwarding,
+        skip_host_routes: false,
+        deadline: req.deadline,
+    };
+    let netns = Path::new(&req.env.netns);
+    let outcome = tokio::time::timeout(
+        req.remaining(),
+        with_pod_network(netns, async |pn| pn.add(&networking).await),
+    )
+    .await
+    .map_err(|_| Error::TryAgainLater("timed out setting up the pod network".into()))??
+    .ok_or_else(|| {
+        Error::Dataplane(format!(
+            "failed to Statfs {:?}: no such file or directory",
+            req.env.netns
+        ))
+    })?;
+    undo.host_veth = Some(host_veth.clone());
+    inject_fault(req, "networking")?;
+    let mac = outcome.container_mac.to_string();
+    wep.spec.mac = mac.clone();
+    wep.spec.interface_name = host_veth.clone();
+
+    // 4. The endpoint record.
+    let stored = store
+        .create_workload_endpoint(&wep)
+        .await
+        .map_err(datastore_err("error creating WorkloadEndpoint"))?;
+    undo.endpoint = Some((
+        namespace.to_string(),
+        name.to_string(),
+        stored.metadata.uid.clone(),
+    ));
+    inject_fault(req, "endpoint")?;
+
+    // 5. The network's profile.
+    ensure_profile(req, store).await?;
+    inject_fault(req, "profile")?;
+
+    // Check that the result prints in the config's version before committing.
+    let result = endpoint_result(req, &host_veth, &mac, &ips, Some(&ipam_result));
+    result.to_version(req.version)?;
+    Ok(result)
+}

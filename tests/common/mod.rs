@@ -1,0 +1,304 @@
+//! Shared helpers for the integration tests: running the built binary
+//! through the CNI exec contract, RAII network namespaces, unique names,
+//! and reading kernel state back with `ip -j`.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde_json::{Value, json};
+
+pub const CALICO: &str = env!("CARGO_BIN_EXE_calico");
+pub const CNI_BIN: &str = "/usr/lib/cni";
+
+/// True when running as root; otherwise prints why the test is skipped.
+pub fn root_or_skip(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipping {test}: needs root (network namespaces and veths)");
+    false
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A short token unique to this process and call (hex).
+pub fn unique() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut seed = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
+        .expect("urandom");
+    format!("{:08x}{:03x}", u32::from_ne_bytes(seed), n & 0xfff)
+}
+
+/// A network namespace made for one test, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new() -> Netns {
+        let name = format!("cnit-{}", unique());
+        run_ok("ip", &["netns", "add", &name]);
+        Netns { name }
+    }
+    pub fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.name)
+    }
+    /// `ip -j ...` inside the namespace.
+    pub fn ip_json(&self, args: &[&str]) -> Value {
+        let mut full = vec!["netns", "exec", &self.name, "ip", "-j"];
+        full.extend_from_slice(args);
+        serde_json::from_str(&run_ok("ip", &full)).unwrap_or(Value::Array(vec![]))
+    }
+    pub fn sysctl(&self, key: &str) -> String {
+        run_ok(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &self.name,
+                "cat",
+                &format!("/proc/sys/{key}"),
+            ],
+        )
+        .trim()
+        .to_string()
+    }
+    pub fn exec(&self, cmd: &[&str]) -> std::process::Output {
+        let mut full = vec!["netns", "exec", &self.name];
+        full.extend_from_slice(cmd);
+        Command::new("ip")
+            .args(&full)
+            .output()
+            .expect("ip netns exec")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+pub fn run_ok(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ip -j ...` in the host namespace.
+pub fn host_ip_json(args: &[&str]) -> Value {
+    let mut full = vec!["-j"];
+    full.extend_from_slice(args);
+    serde_json::from_str(&run_ok("ip", &full)).unwrap_or(Value::Array(vec![]))
+}
+
+pub fn host_link_exists(name: &str) -> bool {
+    Command::new("ip")
+        .args(["link", "show", "dev", name])
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+pub fn host_sysctl(key: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/{key}"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// What one plugin run printed.
+#[derive(Debug)]
+pub struct Outcome {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Outcome {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {:?} / stderr {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+    pub fn assert_ok(&self) -> &Self {
+        assert_eq!(
+            self.code, 0,
+            "plugin failed: {} / {}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+    pub fn error_code(&self) -> u64 {
+        assert_ne!(self.code, 0, "expected failure: {}", self.stdout);
+        self.json()["code"].as_u64().expect("error code")
+    }
+}
+
+/// Runs `binary` with exactly `env` and `stdin`.
+pub fn exec(binary: &str, env: &HashMap<String, String>, stdin: &str) -> Outcome {
+    let mut child = Command::new(binary)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn plugin");
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    let out = child.wait_with_output().expect("wait");
+    Outcome {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+pub fn env_of(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    let mut env: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.insert("PATH".into(), std::env::var("PATH").unwrap_or_default());
+    env
+}
+
+/// One test's private plugin setup: a state directory (embedded store,
+/// host-local data), a subnet of its own, and the config to run with.
+pub struct Setup {
+    pub dir: tempfile::TempDir,
+    pub subnet: String,
+    pub subnet6: String,
+    pub conf: Value,
+}
+
+static SUBNET: AtomicU32 = AtomicU32::new(0);
+
+impl Setup {
+    /// `version`: cniVersion; `dual`: add an IPv6 range.
+    pub fn new(version: &str, dual: bool) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        // A /24 per test: pid and a counter keep parallel test processes apart.
+        let n = (std::process::id() % 200) * 50 + SUBNET.fetch_add(1, Ordering::Relaxed) % 50;
+        let subnet = format!("10.{}.{}.0/24", 100 + n / 256 % 100, n % 256);
+        let subnet6 = format!("fd00:{:x}:{:x}::/64", 100 + n / 256 % 100, n % 256);
+        let mut ranges = vec![json!([{"subnet": subnet}])];
+        if dual {
+            ranges.push(json!([{"subnet": subnet6}]));
+        }
+        let conf = json!({
+            "cniVersion": version,
+            "name": "net1",
+            "type": "calico",
+            "log_level": "debug",
+            "log_file_path": dir.path().join("log/cni.log"),
+            "nodename": "test-node",
+            "mtu_file": dir.path().join("mtu"),
+            "local_datastore_path": dir.path().join("store.db"),
+            "ipam": {
+                "type": "host-local",
+                "ranges": ranges,
+                "dataDir": dir.path().join("ipam"),
+            },
+        });
+        Setup {
+            dir,
+            subnet,
+            subnet6,
+            conf,
+        }
+    }
+
+    pub fn ipam_dir(&self) -> PathBuf {
+        self.dir.path().join("ipam").join("net1")
+    }
+
+    /// Address reservations host-local still holds.
+    pub fn reservations(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(self.ipam_dir()) else {
+            return vec![];
+        };
+        rd.filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with("last_reserved_ip") && n != "lock")
+            .collect()
+    }
+
+    pub fn store_path(&self) -> PathBuf {
+        self.dir.path().join("store.db")
+    }
+
+    /// Stored WorkloadEndpoints (read straight from the embedded store's file).
+    pub fn endpoints(&self) -> Vec<Value> {
+        if !self.store_path().exists() {
+            return vec![];
+        }
+        let conn = rusqlite::Connection::open(self.store_path()).unwrap();
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .unwrap();
+        let mut stmt = conn
+            .prepare("SELECT value FROM resources WHERE kind = 'WorkloadEndpoint' ORDER BY name")
+            .unwrap();
+        stmt.query_map([], |row| row.get::<_, String>(0))
+            .unwrap()
+            .map(|v| serde_json::from_str(&v.unwrap()).unwrap())
+            .collect()
+    }
+
+    pub fn run(&self, command: &str, container: &str, netns: &str, ifname: &str) -> Outcome {
+        self.run_with(command, container, netns, ifname, &self.conf, &[])
+    }
+
+    pub fn run_with(
+        &self,
+        command: &str,
+        container: &str,
+        netns: &str,
+        ifname: &str,
+        conf: &Value,
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        let mut env = env_of(&[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", container),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", ifname),
+            ("CNI_PATH", CNI_BIN),
+        ]);
+        for (k, v) in extra {
+            env.insert(k.to_string(), v.to_string());
+        }
+        exec(CALICO, &env, &conf.to_string())
+    }
+}
+
+/// A container ID whose first 11 characters are unique (they name the host veth).
+pub fn container_id() -> String {
+    format!("{}c", unique())
+}
+
+pub fn host_veth(container: &str) -> String {
+    format!("cali{}", &container[..11])
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}

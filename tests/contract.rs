@@ -1,0 +1,181 @@
+//! The CNI contract, through the built binary: VERSION, the environment and
+//! config validation errors, version gates and argv[0] personalities.
+
+mod common;
+
+use common::{CALICO, env_of, exec};
+use serde_json::json;
+
+const CONF: &str = r#"{"cniVersion":"1.0.0","name":"net1","type":"calico","nodename":"n","ipam":{"type":"host-local","subnet":"10.1.2.0/24"}}"#;
+
+fn full_env(command: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("CNI_COMMAND", command.to_string()),
+        ("CNI_CONTAINERID", "abc123".into()),
+        ("CNI_NETNS", "/var/run/netns/does-not-exist".into()),
+        ("CNI_IFNAME", "eth0".into()),
+        ("CNI_PATH", "/usr/lib/cni".into()),
+    ]
+}
+
+fn run(pairs: &[(&str, String)], stdin: &str) -> common::Outcome {
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    exec(CALICO, &env_of(&pairs), stdin)
+}
+
+#[test]
+fn version_lists_every_supported_version() {
+    let out = run(
+        &[("CNI_COMMAND", "VERSION".into())],
+        r#"{"cniVersion":"0.3.1"}"#,
+    );
+    out.assert_ok();
+    assert_eq!(
+        out.json(),
+        json!({"cniVersion": "1.1.0",
+               "supportedVersions": ["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]})
+    );
+}
+
+#[test]
+fn each_missing_variable_is_named_with_code_4() {
+    for (command, var) in [
+        ("ADD", "CNI_CONTAINERID"),
+        ("ADD", "CNI_NETNS"),
+        ("ADD", "CNI_IFNAME"),
+        ("ADD", "CNI_PATH"),
+        ("DEL", "CNI_CONTAINERID"),
+        ("DEL", "CNI_IFNAME"),
+        ("CHECK", "CNI_NETNS"),
+    ] {
+        let env: Vec<_> = full_env(command)
+            .into_iter()
+            .filter(|(k, _)| *k != var)
+            .collect();
+        let out = run(&env, CONF);
+        assert_eq!(
+            out.error_code(),
+            4,
+            "{command} without {var}: {}",
+            out.stdout
+        );
+        let msg = out.json()["msg"].as_str().unwrap().to_string();
+        assert!(msg.contains(var), "{command} without {var}: {msg}");
+    }
+}
+
+#[test]
+fn invalid_variables_give_code_4_naming_them() {
+    for (var, value) in [
+        ("CNI_CONTAINERID", "a/b"),
+        ("CNI_CONTAINERID", "-leading"),
+        ("CNI_IFNAME", "name-longer-than-15"),
+        ("CNI_IFNAME", "eth:0"),
+        ("CNI_ARGS", "K8S_POD_NAME"),
+        ("CNI_ARGS", "IP=not-an-ip"),
+        ("CNI_COMMAND", "FROBNICATE"),
+    ] {
+        let mut env = full_env("ADD");
+        env.retain(|(k, _)| *k != var);
+        env.push((var, value.into()));
+        let out = run(&env, CONF);
+        assert_eq!(out.error_code(), 4, "{var}={value}: {}", out.stdout);
+        let reply = out.json();
+        let text = format!("{} {}", reply["msg"], reply["details"]);
+        assert!(text.contains(var), "{var}={value}: {text}");
+    }
+}
+
+#[test]
+fn config_errors() {
+    let env = full_env("ADD");
+    assert_eq!(run(&env, "{not json").error_code(), 6);
+    assert_eq!(
+        run(&env, r#"{"cniVersion":"1.0.0","type":"calico"}"#).error_code(),
+        7
+    );
+    let out = run(&env, r#"{"cniVersion":"9.9.9","name":"n"}"#);
+    assert_eq!(out.error_code(), 1);
+    assert!(out.json()["details"].as_str().unwrap().contains("9.9.9"));
+    let out = run(&env, r#"{"cniVersion":"1.0.0","name":"n","mtu":"1500"}"#);
+    assert_eq!(out.error_code(), 7);
+    assert!(
+        out.json()["msg"].as_str().unwrap().contains("mtu"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn verb_version_gates() {
+    let out = run(&full_env("CHECK"), &CONF.replace("1.0.0", "0.3.1"));
+    assert_eq!(out.error_code(), 1);
+    assert_eq!(out.json()["msg"], "config version does not allow CHECK");
+    let out = run(&full_env("STATUS"), CONF);
+    assert_eq!(out.error_code(), 1);
+    assert_eq!(out.json()["msg"], "config version does not allow STATUS");
+    let out = run(&full_env("GC"), CONF);
+    assert_eq!(out.error_code(), 1);
+}
+
+#[test]
+fn error_json_is_on_stdout_labelled_with_the_config_version() {
+    let out = run(
+        &full_env("ADD"),
+        r#"{"cniVersion":"0.4.0","type":"calico"}"#,
+    );
+    assert_eq!(out.code, 1);
+    assert_eq!(out.json()["cniVersion"], "0.4.0");
+}
+
+fn linked_as(name: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join(name);
+    std::os::unix::fs::symlink(CALICO, &link).unwrap();
+    let path = link.to_str().unwrap().to_string();
+    (dir, path)
+}
+
+#[test]
+fn personalities_by_argv0() {
+    let (_d, ipam) = linked_as("calico-ipam");
+    let out = exec(&ipam, &env_of(&[("CNI_COMMAND", "VERSION")]), "");
+    out.assert_ok();
+    assert!(out.json()["supportedVersions"].is_array());
+    let out = exec(&ipam, &env_of(&[]), "");
+    assert_eq!(out.code, 0);
+    assert!(out.stderr.contains("Calico CNI IPAM"), "{}", out.stderr);
+
+    let (_d, other) = linked_as("not-calico");
+    let out = exec(&other, &env_of(&[("CNI_COMMAND", "VERSION")]), "");
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains("Unknown binary name: not-calico"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn about_text_and_version_flag() {
+    let out = exec(CALICO, &env_of(&[]), "");
+    assert_eq!(out.code, 0);
+    assert!(out.stdout.is_empty());
+    assert!(out.stderr.contains("Calico CNI plugin"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("CNI protocol versions supported: 0.1.0"),
+        "{}",
+        out.stderr
+    );
+
+    let out = std::process::Command::new(CALICO)
+        .arg("-v")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        env!("CARGO_PKG_VERSION")
+    );
+}

@@ -1,0 +1,212 @@
+//! IPAM delegation against Debian's real host-local, and a failing IPAM
+//! plugin's error passed through the binary unchanged.
+
+mod common;
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+use calico_cni::cni::delegate::Delegate;
+use calico_cni::cni::env::Command;
+use calico_cni::cni::{CniResult, Version};
+use common::{CALICO, CNI_BIN, env_of, exec};
+use ipnet::IpNet;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+fn have_host_local() -> bool {
+    if std::path::Path::new(CNI_BIN).join("host-local").exists() {
+        return true;
+    }
+    eprintln!("skipping: {CNI_BIN}/host-local is not installed (containernetworking-plugins)");
+    false
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+fn reservations(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir.join("net1"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with("last_reserved_ip") && n != "lock")
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn host_local_add_and_del_in_every_version() {
+    if !have_host_local() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = vec![PathBuf::from("/nonexistent"), PathBuf::from(CNI_BIN)];
+    let range: IpNet = "10.77.0.0/24".parse().unwrap();
+    for (i, v) in [
+        "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let env: HashMap<String, String> = env_of(&[
+            ("CNI_CONTAINERID", &format!("deleg{i}")),
+            ("CNI_NETNS", "/var/run/netns/unused"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", CNI_BIN),
+            ("CNI_ARGS", "K8S_POD_NAME=p;UnknownKey=x"),
+        ]);
+        let conf = json!({
+            "cniVersion": v, "name": "net1", "type": "calico",
+            "ipam": {"type": "host-local", "subnet": range.to_string(), "dataDir": dir.path()}
+        });
+        let delegate = Delegate {
+            plugin: "host-local",
+            path: &path,
+            env: &env,
+            extra_args: None,
+            deadline: Instant::now() + std::time::Duration::from_secs(10),
+        };
+        let result: CniResult =
+            block_on(delegate.add(&conf)).unwrap_or_else(|e| panic!("{v}: {e}"));
+        assert_eq!(result.ips.len(), 1, "{v}");
+        let addr = result.ips[0].address;
+        assert!(range.contains(&addr.addr()), "{v}: {addr} not in {range}");
+        // Printed in the version the config asked for.
+        let printed = result.to_version(Version::parse(v).unwrap()).unwrap();
+        assert_eq!(printed["cniVersion"], json!(v));
+        assert_eq!(
+            reservations(dir.path()),
+            vec![addr.addr().to_string()],
+            "{v}"
+        );
+
+        block_on(delegate.run(Command::Del, &conf)).unwrap_or_else(|e| panic!("{v} DEL: {e}"));
+        assert!(
+            reservations(dir.path()).is_empty(),
+            "{v}: DEL left a reservation"
+        );
+    }
+}
+
+#[test]
+fn negotiation_asks_version_only_when_refused() {
+    if !have_host_local() {
+        return;
+    }
+    let path = vec![PathBuf::from(CNI_BIN)];
+    let env = env_of(&[]);
+    let delegate = Delegate {
+        plugin: "host-local",
+        path: &path,
+        env: &env,
+        extra_args: None,
+        deadline: Instant::now() + std::time::Duration::from_secs(10),
+    };
+    let theirs = block_on(delegate.supported_versions()).unwrap();
+    assert!(theirs.contains(&"1.0.0".to_string()), "{theirs:?}");
+    // A 1.1.0-only verb is skipped for a plugin that predates 1.1.0.
+    let conf = json!({"cniVersion": "1.1.0", "name": "net1", "ipam": {"type": "host-local"}});
+    block_on(delegate.run_v11_verb(Command::Status, &conf)).unwrap();
+}
+
+/// A plugin that fails with a fixed error JSON, and one that hangs.
+fn fake_plugins() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, body: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!("#!/bin/sh\ncat >/dev/null\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write(
+        "failing-ipam",
+        r#"printf '%s' '{"cniVersion":"1.0.0","code":7,"msg":"Invalid Configuration","details":"Network 192.168.0.0/31 too small to allocate from."}'
+exit 1"#,
+    );
+    write("hanging-ipam", "exec sleep 30");
+    dir
+}
+
+#[test]
+fn failing_ipam_error_reaches_stdout_unchanged() {
+    let plugins = fake_plugins();
+    let state = tempfile::tempdir().unwrap();
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "net1", "type": "calico", "nodename": "n",
+        "mtu_file": state.path().join("mtu"),
+        "local_datastore_path": state.path().join("store.db"),
+        "ipam": {"type": "failing-ipam"}
+    });
+    let env = env_of(&[
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "failingipam1"),
+        ("CNI_NETNS", "/var/run/netns/unused"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", plugins.path().to_str().unwrap()),
+    ]);
+    let out = exec(CALICO, &env, &conf.to_string());
+    assert_eq!(out.code, 1);
+    let reply: Value = out.json();
+    assert_eq!(reply["code"], 7);
+    assert_eq!(reply["msg"], "Invalid Configuration");
+    assert_eq!(
+        reply["details"],
+        "Network 192.168.0.0/31 too small to allocate from."
+    );
+}
+
+#[test]
+fn hanging_ipam_is_bounded_by_the_deadline() {
+    let plugins = fake_plugins();
+    let state = tempfile::tempdir().unwrap();
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "net1", "type": "calico", "nodename": "n",
+        "deadline_seconds": 1.5,
+        "mtu_file": state.path().join("mtu"),
+        "local_datastore_path": state.path().join("store.db"),
+        "ipam": {"type": "hanging-ipam"}
+    });
+    let env = env_of(&[
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "hangingipam1"),
+        ("CNI_NETNS", "/var/run/netns/unused"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", plugins.path().to_str().unwrap()),
+    ]);
+    let started = std::time::Instant::now();
+    let out = exec(CALICO, &env, &conf.to_string());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(out.error_code(), 11, "{}", out.stdout);
+}
+
+#[test]
+fn missing_ipam_plugin_is_a_config_error() {
+    let state = tempfile::tempdir().unwrap();
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "net1", "type": "calico", "nodename": "n",
+        "mtu_file": state.path().join("mtu"),
+        "local_datastore_path": state.path().join("store.db"),
+        "ipam": {"type": "no-such-ipam"}
+    });
+    let env = env_of(&[
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "noipam1"),
+        ("CNI_NETNS", "/var/run/netns/unused"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", state.path().to_str().unwrap()),
+    ]);
+    let out = exec(CALICO, &env, &conf.to_string());
+    assert_eq!(out.error_code(), 7, "{}", out.stdout);
+    assert!(out.json()["msg"].as_str().unwrap().contains("no-such-ipam"));
+}
