@@ -614,3 +614,31 @@ mod tests {
         assert!(s.contains("/k"), "file paths are not secrets: {s}");
     }
 }
+
+#[cfg(test)]
+mod conf_examples {
+    use super::*;
+
+    /// Every shipped example config decodes, plugin by plugin.
+    #[test]
+    fn shipped_examples_decode() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/conf");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("conflist") {
+                continue;
+            }
+            let list: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            for plugin in list["plugins"].as_array().unwrap() {
+                if plugin["type"] == "calico" {
+                    let c = NetConf::from_value(plugin).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+                    assert!(!c.ipam.kind.is_empty(), "{path:?}");
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 3, "found {seen} calico plugin configs");
+    }
+}

@@ -419,6 +419,25 @@ impl PodNetwork<'_> {
     }
 }
 
+/// A netlink socket inside `netns`, made on a one-shot thread. The thread
+/// enters the runtime's context only to register the socket with its I/O
+/// driver; the connection is then driven on the runtime's own thread.
+fn pod_socket(
+    netns: &NetNs,
+) -> Result<
+    (
+        rtnetlink::proto::Connection<rtnetlink::packet_route::RouteNetlinkMessage>,
+        rtnetlink::Handle,
+    ),
+    DataplaneError,
+> {
+    let runtime = tokio::runtime::Handle::current();
+    netns.run(move || {
+        let _context = runtime.enter();
+        RtNetlink::socket()
+    })?
+}
+
 /// Opens the pod netns and the two netlink sockets, then runs `work`.
 /// `Ok(None)` when the netns path does not exist.
 pub async fn with_pod_network<T>(
@@ -429,7 +448,7 @@ pub async fn with_pod_network<T>(
         return Ok(None);
     };
     let host = RtNetlink::connect()?;
-    let (conn, handle) = netns.run(RtNetlink::socket)??;
+    let (conn, handle) = pod_socket(&netns)?;
     tokio::spawn(conn);
     let pod = RtNetlink::from_handle(handle);
     let sysctls = ProcSysctls { netns: &netns };
@@ -466,7 +485,7 @@ pub async fn clean_up_namespace(
         let Some(netns) = NetNs::open(Path::new(netns_path))? else {
             return Ok(CleanupOutcome::NetnsGone);
         };
-        let (conn, handle) = netns.run(RtNetlink::socket)??;
+        let (conn, handle) = pod_socket(&netns)?;
         tokio::spawn(conn);
         let deleted = RtNetlink::from_handle(handle).delete_link(ifname).await?;
         Ok(if deleted {

@@ -50,11 +50,13 @@ impl Netns {
     pub fn path(&self) -> String {
         format!("/var/run/netns/{}", self.name)
     }
-    /// `ip -j ...` inside the namespace.
+    /// `ip -j ...` inside the namespace; an empty list when `ip` fails
+    /// (e.g. the device does not exist).
     pub fn ip_json(&self, args: &[&str]) -> Value {
         let mut full = vec!["netns", "exec", &self.name, "ip", "-j"];
         full.extend_from_slice(args);
-        serde_json::from_str(&run_ok("ip", &full)).unwrap_or(Value::Array(vec![]))
+        let out = Command::new("ip").args(&full).output().expect("ip");
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]))
     }
     pub fn sysctl(&self, key: &str) -> String {
         run_ok(
