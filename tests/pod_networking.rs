@@ -134,6 +134,17 @@ fn ipv4_pod_is_laid_out_like_calico() {
     assert_eq!(w["spec"]["orchestrator"], "cni");
     assert_eq!(w["spec"]["containerID"], json!(cid));
 
+    // The network's profile (policy.type empty), Calico's shape.
+    let profiles = s.stored("Profile");
+    assert_eq!(profiles.len(), 1);
+    assert_eq!(profiles[0]["metadata"]["name"], "net1");
+    assert_eq!(profiles[0]["spec"]["labelsToApply"], json!({"net1": ""}));
+    assert_eq!(profiles[0]["spec"]["egress"], json!([{"action": "Allow"}]));
+    assert_eq!(
+        profiles[0]["spec"]["ingress"],
+        json!([{"action": "Allow", "source": {"selector": "has(net1)"}}])
+    );
+
     // CHECK right after ADD passes and prints nothing.
     let mut conf = s.conf.clone();
     conf["prevResult"] = result.clone();
@@ -580,4 +591,25 @@ fn fifty_concurrent_adds_then_dels() {
     for ip in &ips {
         assert!(host_route_to(ip).is_none(), "{ip}");
     }
+}
+
+#[test]
+fn del_completes_local_teardown_when_the_datastore_fails() {
+    if !root_or_skip("del_completes_local_teardown_when_the_datastore_fails") {
+        return;
+    }
+    let s = Setup::new("1.0.0", false);
+    let ns = Netns::new();
+    let cid = container_id();
+    s.run("ADD", &cid, &ns.path(), "eth0").assert_ok();
+    let mut broken = s.conf.clone();
+    broken["local_datastore_path"] = json!("/proc/no-such-dir/store.db");
+    let out = s.run_with("DEL", &cid, &ns.path(), "eth0", &broken, &[]);
+    assert_eq!(out.error_code(), 100, "the datastore failure is reported");
+    assert!(!host_link_exists(&host_veth(&cid)), "veth removed anyway");
+    assert!(s.reservations().is_empty(), "IP released anyway");
+    // The record is removed by a DEL once the datastore is back.
+    assert_eq!(s.endpoints().len(), 1);
+    s.run("DEL", &cid, &ns.path(), "eth0").assert_ok();
+    assert!(s.endpoints().is_empty());
 }

@@ -146,6 +146,7 @@ fn endpoint_result(
 
 /// cmdAdd.
 pub async fn cmd_add(req: &Request) -> Result<CniResult> {
+    inject_fault(req, "start")?;
     // Prelude: everything that can be refused before any state changes.
     req.conf.check_nodename_file()?;
     let mtu = req.conf.resolve_mtu()?;
@@ -317,6 +318,9 @@ async fn add_new(
         deadline: req.deadline,
     };
     let netns = Path::new(&req.env.netns);
+    // Recorded before the attempt: a deadline can cut networking short after
+    // the pair exists, and deleting a veth that was never made is harmless.
+    undo.host_veth = Some(host_veth.clone());
     let outcome = tokio::time::timeout(
         req.remaining(),
         with_pod_network(netns, async |pn| pn.add(&networking).await),
@@ -329,7 +333,6 @@ async fn add_new(
             req.env.netns
         ))
     })?;
-    undo.host_veth = Some(host_veth.clone());
     inject_fault(req, "networking")?;
     let mac = outcome.container_mac.to_string();
     wep.spec.mac = mac.clone();

@@ -159,11 +159,17 @@ fn datastore_err(what: &str) -> impl Fn(DatastoreError) -> Error + '_ {
     move |e| Error::Datastore(format!("{what}: {e}"))
 }
 
-/// A test-only fault: fails the ADD right after `step` when the
-/// environment asks for it (built only with the `fault-injection` feature).
+/// A test-only fault: fails the ADD right after `step` (or panics at
+/// `start` for `panic`) when the environment asks for it (built only with the `fault-injection` feature).
 #[cfg(feature = "fault-injection")]
 pub fn inject_fault(req: &Request, step: &str) -> Result<()> {
-    match req.env.vars.get("CALICO_CNI_FAIL_AFTER") {
+    match req
+        .env
+        .vars
+        .get("CALICO_CNI_FAIL_AFTER")
+        .map(String::as_str)
+    {
+        Some("panic") if step == "start" => panic!("injected panic"),
         Some(s) if s == step => Err(Error::Internal(format!("injected failure after {step}"))),
         _ => Ok(()),
     }

@@ -250,6 +250,11 @@ impl Setup {
 
     /// Stored WorkloadEndpoints (read straight from the embedded store's file).
     pub fn endpoints(&self) -> Vec<Value> {
+        self.stored("WorkloadEndpoint")
+    }
+
+    /// Stored objects of one kind, from the embedded store's file.
+    pub fn stored(&self, kind: &str) -> Vec<Value> {
         if !self.store_path().exists() {
             return vec![];
         }
@@ -257,9 +262,9 @@ impl Setup {
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .unwrap();
         let mut stmt = conn
-            .prepare("SELECT value FROM resources WHERE kind = 'WorkloadEndpoint' ORDER BY name")
+            .prepare("SELECT value FROM resources WHERE kind = ?1 ORDER BY name")
             .unwrap();
-        stmt.query_map([], |row| row.get::<_, String>(0))
+        stmt.query_map([kind], |row| row.get::<_, String>(0))
             .unwrap()
             .map(|v| serde_json::from_str(&v.unwrap()).unwrap())
             .collect()

@@ -1,0 +1,543 @@
+//! Benchmark harness: drives CNI plugin binaries through the exec contract
+//! the way a runtime does, side by side with Debian's reference plugin, and
+//! prints figures. Run as root, after `cargo build --release`:
+//!
+//!     cargo run --release --example bench -- [--n 50] [--conc 1,8,32] [--rounds 1] [--smoke]
+//!
+//! For each concurrency C and each plugin (ours: `calico` on the embedded
+//! store with host-local; the reference: `ptp` with the same host-local),
+//! alternately: N fresh network namespaces, ADD each (C at a time), ping
+//! every pod once from the host, DEL each, then count leaks (host veths,
+//! host routes, IP reservations, WorkloadEndpoints). Also measured in the
+//! same run: the floors (exec of /bin/true; the kernel's cost of creating
+//! and of deleting one veth pair across namespaces) and the peak RSS of
+//! single ADD and DEL calls. `--smoke` (N=10, C=1,8) exits non-zero on any
+//! failure or leak.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use calico_cni::dataplane::netlink::{Netlink, RtNetlink, VethSpec};
+use calico_cni::dataplane::netns::NetNs;
+use serde_json::{Value, json};
+
+const CNI_BIN: &str = "/usr/lib/cni";
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+struct Options {
+    n: usize,
+    concs: Vec<usize>,
+    rounds: usize,
+    smoke: bool,
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        n: 50,
+        concs: vec![1, 8, 32],
+        rounds: 1,
+        smoke: false,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let val = || args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--n" => o.n = val().parse().expect("--n N"),
+            "--conc" => {
+                o.concs = val()
+                    .split(',')
+                    .map(|c| c.parse().expect("--conc 1,8"))
+                    .collect()
+            }
+            "--rounds" => o.rounds = val().parse().expect("--rounds R"),
+            "--smoke" => {
+                o.smoke = true;
+                o.n = 10;
+                o.concs = vec![1, 8];
+                i -= 1;
+            }
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    o
+}
+
+/// One plugin under test.
+struct Plugin {
+    label: &'static str,
+    binary: PathBuf,
+    cni_path: String,
+    conf: Value,
+    ipam_dir: PathBuf,
+    store: Option<PathBuf>,
+}
+
+/// One invocation's outcome.
+struct Sample {
+    ok: bool,
+    elapsed: Duration,
+    max_rss_kib: i64,
+    stdout: String,
+}
+
+/// Runs a binary with `env` and `stdin`, timing it and reading its peak RSS
+/// (wait4: the child and the descendants it waited for).
+fn invoke(binary: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Sample {
+    let started = Instant::now();
+    let mut child = Command::new(binary)
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn plugin");
+    let _ = child.stdin.take().expect("stdin").write_all(stdin);
+    let mut stdout = String::new();
+    let _ = child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut stdout);
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the pid is our own unreaped child; status and usage are valid out-pointers.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    let elapsed = started.elapsed();
+    let ok = pid > 0 && std::process::ExitStatus::from_raw(status).success();
+    std::mem::forget(child); // already reaped
+    Sample {
+        ok,
+        elapsed,
+        max_rss_kib: usage.ru_maxrss,
+        stdout,
+    }
+}
+
+fn cni(p: &Plugin, command: &str, i: usize, tag: &str) -> Sample {
+    let cid = format!("{i:04}{tag}bench");
+    let netns = format!("/var/run/netns/{tag}-{i}");
+    let env = [
+        ("CNI_COMMAND", command),
+        ("CNI_CONTAINERID", cid.as_str()),
+        ("CNI_NETNS", netns.as_str()),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", p.cni_path.as_str()),
+    ];
+    invoke(&p.binary, &env, p.conf.to_string().as_bytes())
+}
+
+fn sh(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().expect("spawn");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() * p).div_ceil(100)).clamp(1, sorted.len()) - 1]
+}
+
+#[derive(Clone, Copy, Default)]
+struct Stats {
+    n: usize,
+    failures: usize,
+    p50: Duration,
+    p90: Duration,
+    p99: Duration,
+    max: Duration,
+    ops_per_s: f64,
+}
+
+fn stats(samples: &[Sample], wall: Duration) -> Stats {
+    let mut t: Vec<Duration> = samples.iter().map(|s| s.elapsed).collect();
+    t.sort();
+    Stats {
+        n: samples.len(),
+        failures: samples.iter().filter(|s| !s.ok).count(),
+        p50: percentile(&t, 50),
+        p90: percentile(&t, 90),
+        p99: percentile(&t, 99),
+        max: t.last().copied().unwrap_or_default(),
+        ops_per_s: samples.len() as f64 / wall.as_secs_f64(),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1000.0)
+}
+
+fn row(label: &str, conc: usize, op: &str, s: &Stats) {
+    println!(
+        "| {label} | {conc} | {op} | {} | {} | {} | {} | {} | {} | {:.0} |",
+        s.n,
+        s.failures,
+        ms(s.p50),
+        ms(s.p90),
+        ms(s.p99),
+        ms(s.max),
+        s.ops_per_s
+    );
+}
+
+/// Runs `op` for 0..n with `conc` workers; returns samples and wall time.
+fn phase(n: usize, conc: usize, op: impl Fn(usize) -> Sample + Sync) -> (Vec<Sample>, Duration) {
+    let results = Mutex::new(Vec::with_capacity(n));
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for w in 0..conc {
+            let (op, results) = (&op, &results);
+            s.spawn(move || {
+                for i in (w..n).step_by(conc) {
+                    let sample = op(i);
+                    results.lock().unwrap().push(sample);
+                }
+            });
+        }
+    });
+    (results.into_inner().unwrap(), started.elapsed())
+}
+
+/// What may leak: host veths, host routes, reservations, endpoints.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+struct HostState {
+    veths: usize,
+    routes: usize,
+    reservations: usize,
+    endpoints: usize,
+}
+
+fn host_state(p: &Plugin) -> HostState {
+    let veths = sh("ip", &["-o", "link", "show", "type", "veth"])
+        .lines()
+        .count();
+    let routes = sh("ip", &["route", "show", "table", "main"])
+        .lines()
+        .count();
+    let reservations = std::fs::read_dir(&p.ipam_dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    !n.starts_with("last_reserved_ip") && n != "lock"
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    let endpoints = p.store.as_ref().filter(|s| s.exists()).map_or(0, |s| {
+        let out = sh(
+            "sqlite3",
+            &[
+                &s.to_string_lossy(),
+                "SELECT count(*) FROM resources WHERE kind = 'WorkloadEndpoint'",
+            ],
+        );
+        out.trim().parse().unwrap_or(usize::MAX)
+    });
+    HostState {
+        veths,
+        routes,
+        reservations,
+        endpoints,
+    }
+}
+
+struct Round {
+    add: Stats,
+    del: Stats,
+    ping_failures: usize,
+    leaked: bool,
+}
+
+fn round(p: &Plugin, n: usize, conc: usize, tag: &str) -> Round {
+    for i in 0..n {
+        sh("ip", &["netns", "add", &format!("{tag}-{i}")]);
+    }
+    let before = host_state(p);
+    let (adds, wall) = phase(n, conc, |i| cni(p, "ADD", i, tag));
+    let add = stats(&adds, wall);
+    let mut ping_failures = 0;
+    for s in &adds {
+        let ip = serde_json::from_str::<Value>(&s.stdout).ok().and_then(|v| {
+            v["ips"][0]["address"]
+                .as_str()
+                .map(|a| a.split('/').next().unwrap_or("").to_string())
+        });
+        let ok = ip.is_some_and(|ip| {
+            Command::new("ping")
+                .args(["-c1", "-W1", &ip])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|st| st.success())
+        });
+        if !ok {
+            ping_failures += 1;
+        }
+    }
+    let (dels, wall) = phase(n, conc, |i| cni(p, "DEL", i, tag));
+    let del = stats(&dels, wall);
+    let after = host_state(p);
+    let leaked = after != before;
+    if leaked {
+        println!(
+            "| {} | {conc} | LEAK: before {before:?} after {after:?} | | | | | | | | |",
+            p.label
+        );
+    }
+    for i in 0..n {
+        sh("ip", &["netns", "del", &format!("{tag}-{i}")]);
+    }
+    Round {
+        add,
+        del,
+        ping_failures,
+        leaked,
+    }
+}
+
+/// The floors: exec of /bin/true, and the kernel creating / deleting one
+/// veth pair with one end in another namespace (one netlink request each).
+fn floors(n: usize) -> (Stats, Stats, Stats) {
+    let (execs, wall) = phase(n, 1, |_| invoke(Path::new("/bin/true"), &[], b""));
+    let exec = stats(&execs, wall);
+    let tag = format!("bf{}", std::process::id());
+    sh("ip", &["netns", "add", &tag]);
+    let netns = NetNs::open(Path::new(&format!("/var/run/netns/{tag}")))
+        .unwrap()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (create, delete) = rt.block_on(async {
+        let host = RtNetlink::connect().unwrap();
+        let (mut c, mut d) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let name = format!("bfl{i}");
+            let started = Instant::now();
+            let ok = host
+                .create_veth(&VethSpec {
+                    name: name.clone(),
+                    mac: None,
+                    peer_name: format!("bfp{i}"),
+                    peer_mac: None,
+                    peer_netns: netns.raw_fd(),
+                    mtu: 0,
+                    queues: 1,
+                })
+                .await
+                .is_ok();
+            c.push(Sample {
+                ok,
+                elapsed: started.elapsed(),
+                max_rss_kib: 0,
+                stdout: String::new(),
+            });
+        }
+        for i in 0..n {
+            let started = Instant::now();
+            let ok = host.delete_link(&format!("bfl{i}")).await.unwrap_or(false);
+            d.push(Sample {
+                ok,
+                elapsed: started.elapsed(),
+                max_rss_kib: 0,
+                stdout: String::new(),
+            });
+        }
+        (c, d)
+    });
+    sh("ip", &["netns", "del", &tag]);
+    let total = |s: &[Sample]| s.iter().map(|x| x.elapsed).sum::<Duration>();
+    (
+        exec,
+        stats(&create, total(&create)),
+        stats(&delete, total(&delete)),
+    )
+}
+
+fn plugins(work: &Path) -> Vec<Plugin> {
+    let exe = std::env::current_exe().expect("current exe");
+    let target = exe.parent().and_then(Path::parent).expect("target dir");
+    let calico = std::env::var("CALICO_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| target.join("calico"));
+    let calico_dir = work.join("calico");
+    let ptp_dir = work.join("ptp");
+    vec![
+        Plugin {
+            label: "ptp+host-local",
+            binary: PathBuf::from(CNI_BIN).join("ptp"),
+            cni_path: CNI_BIN.into(),
+            conf: json!({
+                "cniVersion": "1.0.0", "name": "bench-ptp", "type": "ptp", "ipMasq": false,
+                "ipam": {"type": "host-local", "subnet": "10.244.0.0/16", "dataDir": ptp_dir.join("ipam"),
+                         "routes": [{"dst": "0.0.0.0/0"}]}
+            }),
+            ipam_dir: ptp_dir.join("ipam/bench-ptp"),
+            store: None,
+        },
+        Plugin {
+            label: "calico+host-local",
+            cni_path: format!("{}:{CNI_BIN}", calico.parent().unwrap().display()),
+            binary: calico,
+            conf: json!({
+                "cniVersion": "1.0.0", "name": "bench-calico", "type": "calico",
+                "nodename": "bench-node",
+                "log_file_path": calico_dir.join("cni.log"),
+                "local_datastore_path": calico_dir.join("store.db"),
+                "mtu_file": calico_dir.join("mtu"),
+                "ipam": {"type": "host-local", "subnet": "10.245.0.0/16", "dataDir": calico_dir.join("ipam")}
+            }),
+            ipam_dir: calico_dir.join("ipam/bench-calico"),
+            store: Some(calico_dir.join("store.db")),
+        },
+    ]
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Failure> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err("run as root: it creates network namespaces".into());
+    }
+    let o = options();
+    let work = tempfile::tempdir()?;
+    let plugins = plugins(work.path());
+    for p in &plugins {
+        if !p.binary.exists() {
+            return Err(format!(
+                "{} not found (build with `cargo build --release`)",
+                p.binary.display()
+            )
+            .into());
+        }
+    }
+    let fwd = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")?;
+    println!(
+        "# bench: N={} concurrency={:?} rounds={} kernel {} cpus {} loadavg {}",
+        o.n,
+        o.concs,
+        o.rounds,
+        sh("uname", &["-r"]).trim(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/loadavg")?.trim()
+    );
+
+    let (exec, create, delete) = floors(o.n);
+    println!("\n| floor | n | p50 ms | p90 ms | p99 ms | max ms |\n|---|---|---|---|---|---|");
+    for (name, s) in [
+        ("exec /bin/true", &exec),
+        ("kernel: create veth pair across netns", &create),
+        ("kernel: delete veth pair", &delete),
+    ] {
+        println!(
+            "| {name} | {} | {} | {} | {} | {} |",
+            s.n,
+            ms(s.p50),
+            ms(s.p90),
+            ms(s.p99),
+            ms(s.max)
+        );
+    }
+
+    println!(
+        "\n| plugin | conc | op | n | fail | p50 ms | p90 ms | p99 ms | max ms | ops/s |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let mut results: HashMap<(&str, usize), Vec<Round>> = HashMap::new();
+    let mut bad = false;
+    for r in 0..o.rounds {
+        for &conc in &o.concs {
+            for p in &plugins {
+                let tag = format!("b{}{}{r}{conc}", std::process::id() % 10000, &p.label[..1]);
+                let res = round(p, o.n, conc, &tag);
+                row(p.label, conc, "ADD", &res.add);
+                row(p.label, conc, "DEL", &res.del);
+                if res.ping_failures > 0 {
+                    println!(
+                        "| {} | {conc} | ping host->pod failed for {} pods | | | | | | | | |",
+                        p.label, res.ping_failures
+                    );
+                }
+                bad |= res.leaked
+                    || res.ping_failures > 0
+                    || res.add.failures > 0
+                    || res.del.failures > 0;
+                results.entry((p.label, conc)).or_default().push(res);
+            }
+        }
+    }
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", fwd.trim())?;
+
+    // Peak RSS of single calls.
+    println!("\n| plugin | op | max RSS KiB (incl. the host-local child) |\n|---|---|---|");
+    let mut rss = HashMap::new();
+    for p in &plugins {
+        let tag = format!("br{}{}", std::process::id() % 10000, &p.label[..1]);
+        sh("ip", &["netns", "add", &format!("{tag}-0")]);
+        for op in ["ADD", "DEL"] {
+            let s = cni(p, op, 0, &tag);
+            bad |= !s.ok;
+            println!("| {} | {op} | {} |", p.label, s.max_rss_kib);
+            rss.insert((p.label, op), s.max_rss_kib);
+        }
+        sh("ip", &["netns", "del", &format!("{tag}-0")]);
+    }
+
+    // Ratios (medians over rounds of each round's figure).
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let fig = |label: &str, conc: usize, f: &dyn Fn(&Round) -> f64| {
+        let mut v: Vec<f64> = results
+            .get(&(label, conc))
+            .map(|rs| rs.iter().map(f).collect())
+            .unwrap_or_default();
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            median(&mut v)
+        }
+    };
+    let (ours, peer) = ("calico+host-local", "ptp+host-local");
+    let c1 = o.concs[0];
+    let cmax = *o.concs.iter().max().unwrap();
+    let add_ratio =
+        fig(ours, c1, &|r| r.add.p50.as_secs_f64()) / fig(peer, c1, &|r| r.add.p50.as_secs_f64());
+    let del_ratio = fig(ours, c1, &|r| r.del.p50.as_secs_f64()) / delete.p50.as_secs_f64();
+    let tput_ratio = fig(ours, cmax, &|r| r.add.ops_per_s) / fig(peer, cmax, &|r| r.add.ops_per_s);
+    let rss_ratio = rss[&(ours, "ADD")].max(rss[&(ours, "DEL")]) as f64
+        / rss[&(peer, "ADD")].max(rss[&(peer, "DEL")]) as f64;
+    let size = std::fs::metadata(&plugins[1].binary)?.len();
+    println!("\n| ratio | value | target |\n|---|---|---|");
+    println!("| ADD p50, ours / ptp (conc {c1}) | {add_ratio:.2} | <= 0.75 |");
+    println!("| DEL p50, ours / kernel veth-delete floor (conc {c1}) | {del_ratio:.2} | <= 1.15 |");
+    println!("| ADD throughput, ours / ptp (conc {cmax}) | {tput_ratio:.2} | >= 1.5 |");
+    println!("| peak RSS per call, ours / ptp | {rss_ratio:.2} | <= 1.0 |");
+    println!(
+        "| calico binary size | {:.2} MB ({size} bytes) | <= 8 MB |",
+        size as f64 / 1e6
+    );
+
+    if o.smoke && bad {
+        return Err("failures or leaks (see above)".into());
+    }
+    if bad {
+        println!("\nWARNING: failures or leaks in this run (see above)");
+    }
+    Ok(())
+}
