@@ -136,6 +136,11 @@ exit 1"#,
 
 #[test]
 fn failing_ipam_error_reaches_stdout_unchanged() {
+    // ADD opens the pod netns before (and while) the IPAM plugin runs.
+    if !common::root_or_skip("failing_ipam_error_reaches_stdout_unchanged") {
+        return;
+    }
+    let ns = common::Netns::new();
     let plugins = fake_plugins();
     let state = tempfile::tempdir().unwrap();
     let conf = json!({
@@ -147,7 +152,7 @@ fn failing_ipam_error_reaches_stdout_unchanged() {
     let env = env_of(&[
         ("CNI_COMMAND", "ADD"),
         ("CNI_CONTAINERID", "failingipam1"),
-        ("CNI_NETNS", "/var/run/netns/unused"),
+        ("CNI_NETNS", &ns.path()),
         ("CNI_IFNAME", "eth0"),
         ("CNI_PATH", plugins.path().to_str().unwrap()),
     ]);
@@ -164,6 +169,11 @@ fn failing_ipam_error_reaches_stdout_unchanged() {
 
 #[test]
 fn hanging_ipam_is_bounded_by_the_deadline() {
+    // ADD opens the pod netns before (and while) the IPAM plugin runs.
+    if !common::root_or_skip("hanging_ipam_is_bounded_by_the_deadline") {
+        return;
+    }
+    let ns = common::Netns::new();
     let plugins = fake_plugins();
     let state = tempfile::tempdir().unwrap();
     let conf = json!({
@@ -176,7 +186,7 @@ fn hanging_ipam_is_bounded_by_the_deadline() {
     let env = env_of(&[
         ("CNI_COMMAND", "ADD"),
         ("CNI_CONTAINERID", "hangingipam1"),
-        ("CNI_NETNS", "/var/run/netns/unused"),
+        ("CNI_NETNS", &ns.path()),
         ("CNI_IFNAME", "eth0"),
         ("CNI_PATH", plugins.path().to_str().unwrap()),
     ]);
@@ -192,6 +202,11 @@ fn hanging_ipam_is_bounded_by_the_deadline() {
 
 #[test]
 fn missing_ipam_plugin_is_a_config_error() {
+    // ADD opens the pod netns before (and while) the IPAM plugin runs.
+    if !common::root_or_skip("missing_ipam_plugin_is_a_config_error") {
+        return;
+    }
+    let ns = common::Netns::new();
     let state = tempfile::tempdir().unwrap();
     let conf = json!({
         "cniVersion": "1.0.0", "name": "net1", "type": "calico", "nodename": "n",
@@ -202,7 +217,7 @@ fn missing_ipam_plugin_is_a_config_error() {
     let env = env_of(&[
         ("CNI_COMMAND", "ADD"),
         ("CNI_CONTAINERID", "noipam1"),
-        ("CNI_NETNS", "/var/run/netns/unused"),
+        ("CNI_NETNS", &ns.path()),
         ("CNI_IFNAME", "eth0"),
         ("CNI_PATH", state.path().to_str().unwrap()),
     ]);

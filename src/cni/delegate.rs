@@ -87,8 +87,10 @@ impl Delegate<'_> {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
-    /// Runs the plugin once: `Ok(stdout)` on exit 0, the child's error otherwise.
-    async fn exec(&self, command: Command, stdin: &[u8]) -> Result<Vec<u8>> {
+    /// Starts the plugin for `command`. It blocks reading its config from
+    /// stdin, so it acts on nothing until [`Running::finish`] writes the
+    /// config; a `Running` dropped unfinished kills the process first.
+    pub async fn spawn(&self, command: Command) -> Result<Running<'_>> {
         let binary = find_in_path(self.plugin, self.path)?;
         let mut env = self.env.clone();
         env.insert("CNI_COMMAND".into(), command.as_str().into());
@@ -101,7 +103,7 @@ impl Delegate<'_> {
         );
         let started = Instant::now();
         let mut attempt = 0;
-        let child = loop {
+        loop {
             let spawned = tokio::process::Command::new(&binary)
                 .env_clear()
                 .envs(&env)
@@ -111,7 +113,15 @@ impl Delegate<'_> {
                 .kill_on_drop(true)
                 .spawn();
             match spawned {
-                Ok(child) => break child,
+                Ok(child) => {
+                    return Ok(Running {
+                        delegate: self,
+                        command,
+                        binary,
+                        child,
+                        started,
+                    });
+                }
                 Err(e)
                     if e.raw_os_error() == Some(libc::ETXTBSY)
                         && attempt < TEXT_BUSY_RETRIES
@@ -128,50 +138,31 @@ impl Delegate<'_> {
                     )));
                 }
             }
-        };
-        let output = tokio::time::timeout(self.remaining(), run_to_end(child, stdin))
-            .await
-            .map_err(|_| {
-                Error::TryAgainLater(format!(
-                    "{} {} did not finish within the deadline",
-                    self.plugin,
-                    command.as_str()
-                ))
-            })?
-            .map_err(|e| Error::Ipam(format!("failed to run {}: {e}", binary.display())))?;
-        tracing::debug!(
-            plugin = self.plugin,
-            command = command.as_str(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            status = ?output.status,
-            "delegated plugin finished"
-        );
-        if !output.stderr.is_empty() {
-            let text = String::from_utf8_lossy(&output.stderr);
-            tracing::info!(
-                plugin = self.plugin,
-                "delegated plugin stderr: {}",
-                text.trim_end()
-            );
-            eprint!("{text}");
         }
-        if output.status.success() {
-            return Ok(output.stdout);
-        }
-        Err(plugin_failure(&output.stdout, &output.stderr))
     }
 
-    /// Runs `command` at the config's version; if the plugin refuses that
-    /// version (code 1), asks it for VERSION and retries once at the highest
-    /// version both support. Returns the stdout and the version used.
+    /// Runs the plugin once: `Ok(stdout)` on exit 0, the child's error otherwise.
+    async fn exec(&self, command: Command, stdin: &[u8]) -> Result<Vec<u8>> {
+        self.spawn(command).await?.finish(stdin).await
+    }
+
+    /// Runs `command` at the config's version, on `first` if the process was
+    /// already started; if the plugin refuses that version (code 1), asks it
+    /// for VERSION and retries once at the highest version both support.
+    /// Returns the stdout and the version used.
     async fn exec_negotiated(
         &self,
         command: Command,
         config: &Value,
+        first: Option<Running<'_>>,
     ) -> Result<(Vec<u8>, Version)> {
         let version = Version::from_config(config.get("cniVersion").and_then(Value::as_str))?;
         let stdin = serde_json::to_vec(config).expect("JSON values serialize");
-        match self.exec(command, &stdin).await {
+        let first = match first {
+            Some(running) => running,
+            None => self.spawn(command).await?,
+        };
+        match first.finish(&stdin).await {
             Err(Error::Delegated(e)) if e.code == crate::cni::error::code::INCOMPATIBLE_VERSION => {
                 let theirs = self.supported_versions().await?;
                 let Some(fallback) =
@@ -224,7 +215,13 @@ impl Delegate<'_> {
     /// ADD: the plugin's result, whatever version it printed, as the
     /// internal model.
     pub async fn add(&self, config: &Value) -> Result<CniResult> {
-        let (stdout, version) = self.exec_negotiated(Command::Add, config).await?;
+        self.add_on(config, None).await
+    }
+
+    /// ADD on a process started earlier with [`Self::spawn`] (so that its
+    /// start-up overlapped other work), or on a new one.
+    pub async fn add_on(&self, config: &Value, running: Option<Running<'_>>) -> Result<CniResult> {
+        let (stdout, version) = self.exec_negotiated(Command::Add, config, running).await?;
         let text = String::from_utf8_lossy(&stdout);
         let value: Value = if text.trim().is_empty() {
             Value::Null
@@ -241,7 +238,9 @@ impl Delegate<'_> {
 
     /// DEL, CHECK or STATUS: only success matters.
     pub async fn run(&self, command: Command, config: &Value) -> Result<()> {
-        self.exec_negotiated(command, config).await.map(|_| ())
+        self.exec_negotiated(command, config, None)
+            .await
+            .map(|_| ())
     }
 
     /// STATUS (or GC): only asked of plugins that speak spec 1.1.0; an older
@@ -260,6 +259,58 @@ impl Delegate<'_> {
             return Ok(());
         }
         self.run(command, config).await
+    }
+}
+
+/// A delegated plugin process that has been started and waits for its config.
+pub struct Running<'a> {
+    delegate: &'a Delegate<'a>,
+    command: Command,
+    binary: PathBuf,
+    child: tokio::process::Child,
+    started: Instant,
+}
+
+impl Running<'_> {
+    /// Writes the config, waits (within the deadline) and reads the outcome.
+    pub async fn finish(self, stdin: &[u8]) -> Result<Vec<u8>> {
+        let Running {
+            delegate,
+            command,
+            binary,
+            child,
+            started,
+        } = self;
+        let output = tokio::time::timeout(delegate.remaining(), run_to_end(child, stdin))
+            .await
+            .map_err(|_| {
+                Error::TryAgainLater(format!(
+                    "{} {} did not finish within the deadline",
+                    delegate.plugin,
+                    command.as_str()
+                ))
+            })?
+            .map_err(|e| Error::Ipam(format!("failed to run {}: {e}", binary.display())))?;
+        tracing::debug!(
+            plugin = delegate.plugin,
+            command = command.as_str(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            status = ?output.status,
+            "delegated plugin finished"
+        );
+        if !output.stderr.is_empty() {
+            let text = String::from_utf8_lossy(&output.stderr);
+            tracing::debug!(
+                plugin = delegate.plugin,
+                "delegated plugin stderr: {}",
+                text.trim_end()
+            );
+            eprint!("{text}");
+        }
+        if output.status.success() {
+            return Ok(output.stdout);
+        }
+        Err(plugin_failure(&output.stdout, &output.stderr))
     }
 }
 

@@ -1,7 +1,7 @@
 //! A recording in-memory [`Netlink`] and [`SysctlWriter`] for testing the
 //! dataplane sequence without root.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ipnet::IpNet;
 
@@ -25,19 +25,19 @@ pub struct FakeState {
 pub struct FakeNetlink {
     pub name: &'static str,
     pub state: Mutex<FakeState>,
-    pub peer: Option<&'static FakeNetlink>,
+    pub peer: Option<Arc<FakeNetlink>>,
 }
 
 impl FakeNetlink {
-    pub fn leak(name: &'static str, peer: Option<&'static FakeNetlink>) -> &'static FakeNetlink {
-        Box::leak(Box::new(FakeNetlink {
+    pub fn new(name: &'static str, peer: Option<Arc<FakeNetlink>>) -> Arc<FakeNetlink> {
+        Arc::new(FakeNetlink {
             name,
             state: Mutex::new(FakeState {
                 next_index: if name == "host" { 100 } else { 2 },
                 ..FakeState::default()
             }),
             peer,
-        }))
+        })
     }
 
     fn record(&self, op: String) -> Result<(), DataplaneError> {
@@ -104,7 +104,7 @@ impl Netlink for FakeNetlink {
             .retain(|r| !r.oif.is_some_and(|o| idx.contains(&o)));
         let deleted = s.links.len() != before;
         drop(s);
-        if deleted && let Some(peer) = self.peer {
+        if deleted && let Some(peer) = &self.peer {
             peer.state.lock().unwrap().links.clear();
         }
         Ok(deleted)
@@ -116,7 +116,7 @@ impl Netlink for FakeNetlink {
             spec.name, spec.peer_name, spec.mtu
         ))?;
         self.insert_link(&spec.name, spec.mac, spec.mtu);
-        if let Some(peer) = self.peer {
+        if let Some(peer) = &self.peer {
             peer.insert_link(&spec.peer_name, spec.peer_mac, spec.mtu);
         }
         Ok(())
@@ -231,22 +231,30 @@ mod tests {
         }
     }
 
-    fn sides() -> (&'static FakeNetlink, &'static FakeNetlink) {
-        let pod = FakeNetlink::leak("pod", None);
-        let host = FakeNetlink::leak("host", Some(pod));
+    fn sides() -> (Arc<FakeNetlink>, Arc<FakeNetlink>) {
+        let pod = FakeNetlink::new("pod", None);
+        let host = FakeNetlink::new("host", Some(pod.clone()));
         (host, pod)
+    }
+
+    fn pod_network(
+        host: &Arc<FakeNetlink>,
+        pod: &Arc<FakeNetlink>,
+        sysctls: &Arc<FakeSysctls>,
+    ) -> PodNetwork {
+        PodNetwork {
+            host: host.clone(),
+            pod: pod.clone(),
+            sysctls: sysctls.clone(),
+            pod_fd: -1,
+        }
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn dual_stack_sequence() {
         let (host, pod) = sides();
-        let sysctls = FakeSysctls::default();
-        let pn = PodNetwork {
-            host,
-            pod,
-            sysctls: &sysctls,
-            pod_fd: -1,
-        };
+        let sysctls = Arc::new(FakeSysctls::default());
+        let pn = pod_network(&host, &pod, &sysctls);
         let out = pn
             .add(&request(
                 &["10.0.0.5/32", "fd00::5/128"],
@@ -292,13 +300,8 @@ mod tests {
     async fn failure_removes_the_pair() {
         let (host, pod) = sides();
         pod.state.lock().unwrap().fail_on = Some("pod: addr".into());
-        let sysctls = FakeSysctls::default();
-        let pn = PodNetwork {
-            host,
-            pod,
-            sysctls: &sysctls,
-            pod_fd: -1,
-        };
+        let sysctls = Arc::new(FakeSysctls::default());
+        let pn = pod_network(&host, &pod, &sysctls);
         assert!(
             pn.add(&request(&["10.0.0.5/32"], &["0.0.0.0/0"]))
                 .await
@@ -318,13 +321,8 @@ mod tests {
             oif: Some(7),
             scope_link: true,
         });
-        let sysctls = FakeSysctls::default();
-        let pn = PodNetwork {
-            host,
-            pod,
-            sysctls: &sysctls,
-            pod_fd: -1,
-        };
+        let sysctls = Arc::new(FakeSysctls::default());
+        let pn = pod_network(&host, &pod, &sysctls);
         let e = pn
             .add(&request(&["10.0.0.5/32"], &["0.0.0.0/0"]))
             .await

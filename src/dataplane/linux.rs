@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -34,11 +35,11 @@ pub trait SysctlWriter: Send + Sync {
 
 /// Host sysctls on the calling (host) thread, pod sysctls on a one-shot
 /// thread inside the pod netns.
-struct ProcSysctls<'a> {
-    netns: &'a NetNs,
+struct ProcSysctls {
+    netns: NetNs,
 }
 
-impl SysctlWriter for ProcSysctls<'_> {
+impl SysctlWriter for ProcSysctls {
     fn host(&self, sysctls: &[Sysctl]) -> Result<(), DataplaneError> {
         sysctl::apply(sysctls)
     }
@@ -52,12 +53,21 @@ impl SysctlWriter for ProcSysctls<'_> {
 
 /// One pod's namespaces as the dataplane sees them: a netlink socket in
 /// the host netns, one inside the pod netns, and where sysctls go.
-pub struct PodNetwork<'a> {
-    pub host: &'a dyn Netlink,
-    pub pod: &'a dyn Netlink,
-    pub sysctls: &'a dyn SysctlWriter,
-    /// The pod netns fd, for creating the container end directly in it.
+pub struct PodNetwork {
+    pub host: Arc<dyn Netlink>,
+    pub pod: Arc<dyn Netlink>,
+    pub sysctls: Arc<dyn SysctlWriter>,
+    /// The pod netns fd, for creating the container end directly in it
+    /// (kept open by `sysctls`).
     pub pod_fd: std::os::fd::RawFd,
+}
+
+/// The veth pair made for a pod, before it has addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prepared {
+    pub host_index: u32,
+    pub pod_index: u32,
+    pub container_mac: MacAddr,
 }
 
 /// What ADD asks of the dataplane.
@@ -182,10 +192,36 @@ async fn add_host_route(
     }
 }
 
-impl PodNetwork<'_> {
-    /// DoNetworking: creates and configures the pod's veth pair. On any
-    /// failure the pair it created is removed again.
+impl PodNetwork {
+    /// Opens the pod netns and the two netlink sockets. `Ok(None)` when the
+    /// netns path does not exist.
+    pub fn open(netns_path: &Path) -> Result<Option<PodNetwork>, DataplaneError> {
+        let Some(netns) = NetNs::open(netns_path)? else {
+            return Ok(None);
+        };
+        let host = RtNetlink::connect()?;
+        let (conn, handle) = pod_socket(&netns)?;
+        tokio::spawn(conn);
+        let pod_fd = netns.raw_fd();
+        Ok(Some(PodNetwork {
+            host: Arc::new(host),
+            pod: Arc::new(RtNetlink::from_handle(handle)),
+            sysctls: Arc::new(ProcSysctls { netns }),
+            pod_fd,
+        }))
+    }
+
+    /// DoNetworking in one go: [`Self::prepare`] then [`Self::finish`].
     pub async fn add(&self, req: &Networking) -> Result<NetworkingOutcome, DataplaneError> {
+        let prepared = self.prepare(req).await?;
+        self.finish(&prepared, req).await
+    }
+
+    /// The part of DoNetworking that needs no addresses (so it can run while
+    /// the IPAM plugin works): removes a leftover host veth of the same
+    /// name, refuses an existing container interface, creates the pair with
+    /// each end directly in its namespace, and reads both ends back.
+    pub async fn prepare(&self, req: &Networking) -> Result<Prepared, DataplaneError> {
         // A leftover host veth of the same name (stale, or a repeated ADD)
         // goes first; its container peer goes with it.
         if self.host.delete_link(&req.host_veth).await? {
@@ -215,33 +251,60 @@ impl PodNetwork<'_> {
                 )),
                 other => other,
             })?;
-        match self.configure(req).await {
-            Ok(outcome) => Ok(outcome),
-            Err(e) => {
-                if let Err(undo) = self.host.delete_link(&req.host_veth).await {
-                    tracing::error!(veth = %req.host_veth, "failed to remove the veth after a failed ADD: {undo}");
-                }
-                Err(e)
+        let read_back = async {
+            let (host_link, pod_link) =
+                tokio::try_join!(self.host.link(&req.host_veth), self.pod.link(&req.ifname))?;
+            let missing =
+                |n: &str| DataplaneError::Netns(format!("link {n} vanished after creation"));
+            let host_link = host_link.ok_or_else(|| missing(&req.host_veth))?;
+            let pod_link = pod_link.ok_or_else(|| missing(&req.ifname))?;
+            if host_link.mac != Some(MacAddr::CALICO_HOST) {
+                tracing::warn!(veth = %req.host_veth, mac = ?host_link.mac, "host veth did not take MAC ee:ee:ee:ee:ee:ee");
             }
-        }
+            let container_mac = pod_link.mac.ok_or_else(|| {
+                DataplaneError::Netns(format!("{} has no MAC address", req.ifname))
+            })?;
+            Ok(Prepared {
+                host_index: host_link.index,
+                pod_index: pod_link.index,
+                container_mac,
+            })
+        };
+        self.undo_on_error(req, read_back.await).await
     }
 
-    async fn configure(&self, req: &Networking) -> Result<NetworkingOutcome, DataplaneError> {
+    /// The rest of DoNetworking, once the addresses are known: sysctls
+    /// (before the links go up, so DAD is already off), links up, container
+    /// routes and addresses, host routes. On failure the pair is removed.
+    pub async fn finish(
+        &self,
+        p: &Prepared,
+        req: &Networking,
+    ) -> Result<NetworkingOutcome, DataplaneError> {
+        let result = self.configure(p, req).await;
+        self.undo_on_error(req, result).await
+    }
+
+    async fn undo_on_error<T>(
+        &self,
+        req: &Networking,
+        result: Result<T, DataplaneError>,
+    ) -> Result<T, DataplaneError> {
+        if result.is_err()
+            && let Err(undo) = self.host.delete_link(&req.host_veth).await
+        {
+            tracing::error!(veth = %req.host_veth, "failed to remove the veth after a failed ADD: {undo}");
+        }
+        result
+    }
+
+    async fn configure(
+        &self,
+        p: &Prepared,
+        req: &Networking,
+    ) -> Result<NetworkingOutcome, DataplaneError> {
         let has_v4 = req.ips.iter().any(|ip| ip.addr().is_ipv4());
         let has_v6 = req.ips.iter().any(|ip| ip.addr().is_ipv6());
-        let (host_link, pod_link) =
-            tokio::try_join!(self.host.link(&req.host_veth), self.pod.link(&req.ifname))?;
-        let missing = |n: &str| DataplaneError::Netns(format!("link {n} vanished after creation"));
-        let host_link = host_link.ok_or_else(|| missing(&req.host_veth))?;
-        let pod_link = pod_link.ok_or_else(|| missing(&req.ifname))?;
-        if host_link.mac != Some(MacAddr::CALICO_HOST) {
-            tracing::warn!(veth = %req.host_veth, mac = ?host_link.mac, "host veth did not take MAC ee:ee:ee:ee:ee:ee");
-        }
-        let container_mac = pod_link
-            .mac
-            .ok_or_else(|| DataplaneError::Netns(format!("{} has no MAC address", req.ifname)))?;
-
-        // Sysctls before the links go up, so that DAD is already off.
         self.sysctls
             .host(&sysctl::host_side(&req.host_veth, has_v4, has_v6))
             .map_err(|e| {
@@ -262,10 +325,7 @@ impl PodNetwork<'_> {
                     "error configuring sysctls for the container netns, error: {e}"
                 ))
             })?;
-        tokio::try_join!(
-            self.host.set_up(host_link.index),
-            self.pod.set_up(pod_link.index)
-        )?;
+        tokio::try_join!(self.host.set_up(p.host_index), self.pod.set_up(p.pod_index))?;
 
         // The IPv6 gateway is the host veth's link-local address.
         let gw6 = if has_v6 {
@@ -274,7 +334,7 @@ impl PodNetwork<'_> {
                 req.deadline,
                 "the host veth's IPv6 link-local address",
                 || async {
-                    let addrs = self.host.addresses(host_link.index, true).await?;
+                    let addrs = self.host.addresses(p.host_index, true).await?;
                     let usable: Vec<_> = addrs
                         .iter()
                         .filter(|a| !a.tentative)
@@ -294,24 +354,28 @@ impl PodNetwork<'_> {
         } else {
             GATEWAY_V6
         };
-        for route in container_routes(&req.routes, pod_link.index, gw6) {
+        for route in container_routes(&req.routes, p.pod_index, gw6) {
             self.pod.add_route(&route).await.map_err(|e| {
                 DataplaneError::Netns(format!("failed to add route inside the container: {e}"))
             })?;
         }
         for ip in &req.ips {
-            self.pod.add_address(pod_link.index, *ip).await?;
+            self.pod.add_address(p.pod_index, *ip).await?;
         }
         if !req.skip_host_routes {
             for ip in &req.ips {
-                add_host_route(self.host, &host_route(*ip, host_link.index), &req.host_veth)
-                    .await
-                    .map_err(|e| {
-                        DataplaneError::Netns(format!(
-                            "error adding host side routes for interface: {}, error: {e}",
-                            req.host_veth
-                        ))
-                    })?;
+                add_host_route(
+                    self.host.as_ref(),
+                    &host_route(*ip, p.host_index),
+                    &req.host_veth,
+                )
+                .await
+                .map_err(|e| {
+                    DataplaneError::Netns(format!(
+                        "error adding host side routes for interface: {}, error: {e}",
+                        req.host_veth
+                    ))
+                })?;
             }
         }
         if has_v6 {
@@ -320,13 +384,15 @@ impl PodNetwork<'_> {
                 req.deadline,
                 "container IPv6 addresses to leave the tentative state",
                 || async {
-                    let addrs = self.pod.addresses(pod_link.index, true).await?;
+                    let addrs = self.pod.addresses(p.pod_index, true).await?;
                     Ok(addrs.iter().all(|a| !a.tentative).then_some(()))
                 },
             )
             .await?;
         }
-        Ok(NetworkingOutcome { container_mac })
+        Ok(NetworkingOutcome {
+            container_mac: p.container_mac,
+        })
     }
 
     /// CHECK: the interfaces, addresses and routes ADD made are all there.
@@ -438,29 +504,6 @@ fn pod_socket(
     })?
 }
 
-/// Opens the pod netns and the two netlink sockets, then runs `work`.
-/// `Ok(None)` when the netns path does not exist.
-pub async fn with_pod_network<T>(
-    netns_path: &Path,
-    work: impl AsyncFnOnce(&PodNetwork<'_>) -> Result<T, DataplaneError>,
-) -> Result<Option<T>, DataplaneError> {
-    let Some(netns) = NetNs::open(netns_path)? else {
-        return Ok(None);
-    };
-    let host = RtNetlink::connect()?;
-    let (conn, handle) = pod_socket(&netns)?;
-    tokio::spawn(conn);
-    let pod = RtNetlink::from_handle(handle);
-    let sysctls = ProcSysctls { netns: &netns };
-    let pn = PodNetwork {
-        host: &host,
-        pod: &pod,
-        sysctls: &sysctls,
-        pod_fd: netns.raw_fd(),
-    };
-    work(&pn).await.map(Some)
-}
-
 /// What DEL found in the pod netns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CleanupOutcome {
@@ -473,32 +516,79 @@ pub enum CleanupOutcome {
 
 /// CleanUpNamespace: deletes `ifname` inside the pod netns (its host peer
 /// and host routes go with it). A missing netns or link is success.
-pub async fn clean_up_namespace(
+///
+/// The kernel takes most of a DEL's time here (a veth's teardown waits for
+/// RCU grace periods), so the work runs on a dedicated thread inside the pod
+/// netns with a runtime of its own, started at once: the caller's runtime
+/// meanwhile releases the address and updates the datastore.
+pub fn clean_up_namespace(
     netns_path: &str,
     ifname: &str,
     deadline: Instant,
-) -> Result<CleanupOutcome, DataplaneError> {
-    if netns_path.is_empty() {
-        return Ok(CleanupOutcome::NetnsGone);
+) -> impl std::future::Future<Output = Result<CleanupOutcome, DataplaneError>> + use<> {
+    let netns_path = netns_path.to_string();
+    let ifname = ifname.to_string();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let started = if netns_path.is_empty() {
+        let _ = tx.send(Ok(CleanupOutcome::NetnsGone));
+        Ok(())
+    } else {
+        match NetNs::open(Path::new(&netns_path)) {
+            Ok(None) => {
+                let _ = tx.send(Ok(CleanupOutcome::NetnsGone));
+                Ok(())
+            }
+            Err(e) => Err(e),
+            Ok(Some(netns)) => {
+                let ifname = ifname.clone();
+                std::thread::Builder::new()
+                    .name("netns-cleanup".into())
+                    .spawn(move || {
+                        let _ = tx.send(
+                            netns
+                                .run(move || delete_in_this_netns(&ifname))
+                                .and_then(|r| r),
+                        );
+                    })
+                    .map(|_| ())
+                    .map_err(|e| {
+                        DataplaneError::Netns(format!(
+                            "failed to start the netns cleanup thread: {e}"
+                        ))
+                    })
+            }
+        }
+    };
+    async move {
+        started?;
+        tokio::time::timeout(remaining(deadline), rx)
+            .await
+            .map_err(|_| {
+                DataplaneError::Timeout(format!("timed out deleting device in netns {netns_path}"))
+            })?
+            .map_err(|_| DataplaneError::Netns("the netns cleanup thread died".into()))?
     }
-    let work = async {
-        let Some(netns) = NetNs::open(Path::new(netns_path))? else {
-            return Ok(CleanupOutcome::NetnsGone);
-        };
-        let (conn, handle) = pod_socket(&netns)?;
-        tokio::spawn(conn);
-        let deleted = RtNetlink::from_handle(handle).delete_link(ifname).await?;
+}
+
+/// Deletes `ifname` in the calling thread's netns with a runtime of its own.
+fn delete_in_this_netns(ifname: &str) -> Result<CleanupOutcome, DataplaneError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| {
+            DataplaneError::Netns(format!("failed to start a runtime for netns cleanup: {e}"))
+        })?;
+    rt.block_on(async {
+        let nl = RtNetlink::connect()?;
+        let t = std::time::Instant::now();
+        let deleted = nl.delete_link(ifname).await?;
+        tracing::debug!("kernel delete of {ifname} took {:?}", t.elapsed());
         Ok(if deleted {
             CleanupOutcome::Deleted
         } else {
             CleanupOutcome::LinkGone
         })
-    };
-    tokio::time::timeout(remaining(deadline), work)
-        .await
-        .map_err(|_| {
-            DataplaneError::Timeout(format!("timed out deleting device in netns {netns_path}"))
-        })?
+    })
 }
 
 /// Deletes a host-side veth by name (DEL when the pod netns is gone);

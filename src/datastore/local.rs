@@ -138,9 +138,26 @@ impl LocalStore {
             ));
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        let cluster_info = new_cluster_information(true)?;
-        let value = encode(&cluster_info)?;
-        retry_while_busy(deadline, || initialize(&mut conn, &cluster_info, &value))?;
+        // Every plugin process opens and closes the store once. By default
+        // the last connection to close checkpoints and deletes the WAL
+        // (several fsyncs), and the next one recreates it: on the hot path
+        // of every ADD and DEL. Keep the WAL and its index instead, and keep
+        // it small so that the next opener's recovery scan stays cheap; the
+        // automatic checkpoint still runs every WAL_CHECKPOINT_PAGES pages.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
+        conn.pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)?;
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
+        // The initial ClusterInformation is made (random ids and all) only
+        // for a file that has no schema yet.
+        let schema = retry_while_busy(deadline, || schema_version(&conn))?;
+        if schema < SCHEMA_VERSION {
+            let cluster_info = new_cluster_information(true)?;
+            let value = encode(&cluster_info)?;
+            retry_while_busy(deadline, || initialize(&mut conn, &cluster_info, &value))?;
+        }
 
         Ok(LocalStore {
             conn: Mutex::new(conn),
@@ -280,19 +297,23 @@ fn retry_while_busy<T>(
 /// (`cluster_info`, whose stored JSON is `value`) exactly once per file,
 /// however many processes race to do it. `user_version` records that it was
 /// done, so a ClusterInformation deleted later is not re-created.
+/// Pages in the WAL before a commit checkpoints it.
+const WAL_CHECKPOINT_PAGES: i64 = 128;
+/// Bytes the WAL is truncated to after a checkpoint.
+const WAL_SIZE_LIMIT: i64 = 1 << 20;
+
+fn schema_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
+}
+
 fn initialize(
     conn: &mut Connection,
     cluster_info: &ClusterInformation,
     value: &str,
 ) -> rusqlite::Result<()> {
-    let version =
-        |c: &Connection| c.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0));
-    if version(conn)? >= SCHEMA_VERSION {
-        return Ok(());
-    }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // Re-check under the write lock: another process may have won the race.
-    if version(&tx)? < SCHEMA_VERSION {
+    if schema_version(&tx)? < SCHEMA_VERSION {
         tx.execute_batch(SCHEMA)?;
         let revision = next_revision(&tx)?;
         let key = Key::of(cluster_info);

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::cni::env::Command;
 use crate::cni::result::{CniResult, Interface, IpConfig};
 use crate::cni::{Error, Request, Result};
-use crate::dataplane::linux::{Networking, delete_host_veth, with_pod_network};
+use crate::dataplane::linux::{Networking, PodNetwork, delete_host_veth};
 use crate::datastore::model::{Profile, WorkloadEndpoint};
 use crate::datastore::names::{WepIdentifiers, sanitize_mesos_label};
 use crate::datastore::{Datastore, Precondition};
@@ -164,8 +164,14 @@ pub async fn cmd_add(req: &Request) -> Result<CniResult> {
     let node = nodename(req);
     let ids = identifiers(req, &node);
     let namespace = wep_namespace(req);
+    // The IPAM plugin is started now and waits for its config on stdin: its
+    // start-up overlaps the datastore lookups below. It is killed unused if
+    // this ADD takes another path (nothing happens before it reads stdin).
+    let ipam = ipam(req);
+    let ipam_process = ipam.spawn(Command::Add).await?;
     let store = open_datastore(req)?;
     ensure_ready(store.as_ref()).await?;
+    tracing::debug!("datastore ready");
 
     // Is there an endpoint for this workload already?
     let prefix = lookup_prefix(&ids)?;
@@ -183,9 +189,11 @@ pub async fn cmd_add(req: &Request) -> Result<CniResult> {
                 Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
             })?;
             let mut undo = Undo::default();
+            let ipam_add = ipam.add_on(&req.raw, Some(ipam_process));
             match add_new(
                 req,
                 store.as_ref(),
+                ipam_add,
                 &namespace,
                 &name,
                 &node,
@@ -272,15 +280,55 @@ async fn ensure_profile(req: &Request, store: &dyn Datastore) -> Result<()> {
 async fn add_new(
     req: &Request,
     store: &dyn Datastore,
+    ipam_add: impl std::future::Future<Output = Result<CniResult>>,
     namespace: &str,
     name: &str,
     node: &str,
     mtu: u32,
     undo: &mut Undo,
 ) -> Result<CniResult> {
-    // 1. Addresses from the IPAM plugin.
-    let ipam_result = ipam(req).add(&req.raw).await?;
+    let host_veth = host_veth_name(req);
+    let mut networking = Networking {
+        ifname: req.env.ifname.clone(),
+        host_veth: host_veth.clone(),
+        ips: Vec::new(),
+        routes: Vec::new(),
+        mtu,
+        queues: req.conf.num_queues(),
+        container_mac: None,
+        allow_ip_forwarding: req.conf.container_settings.allow_ip_forwarding,
+        skip_host_routes: false,
+        deadline: req.deadline,
+    };
+    // 1. Addresses from the IPAM plugin, while the veth pair is made: the
+    //    pair needs no address, and the plugin runs in its own process.
+    //    (Recorded for undo before the attempt: a deadline can cut the work
+    //    short after the pair exists; deleting one never made is harmless.)
+    undo.host_veth = Some(host_veth.clone());
+    // Likewise the allocation: once the plugin has its config, a failure
+    // (even its own, or a deadline that kills it mid-way) is followed by a
+    // DEL, which is harmless when it holds nothing.
     undo.ipam_allocated = true;
+    let open_and_prepare = async {
+        let pod = PodNetwork::open(Path::new(&req.env.netns))?.ok_or_else(|| {
+            Error::Dataplane(format!(
+                "failed to Statfs {:?}: no such file or directory",
+                req.env.netns
+            ))
+        })?;
+        let prepared = pod.prepare(&networking).await?;
+        Ok::<_, Error>((pod, prepared))
+    };
+    let (ipam_result, prepared) = tokio::time::timeout(req.remaining(), async {
+        tokio::join!(ipam_add, open_and_prepare)
+    })
+    .await
+    .map_err(|_| {
+        Error::TryAgainLater("timed out allocating addresses and creating the veth pair".into())
+    })?;
+    let ipam_result = ipam_result?;
+    let (pod, prepared) = prepared?;
+    tracing::debug!("IPAM and veth pair done");
     inject_fault(req, "ipam")?;
     if ipam_result.ips.is_empty() {
         return Err(Error::Ipam(
@@ -293,8 +341,17 @@ async fn add_new(
         .map(|ip| host_prefix(&ip.address))
         .collect();
 
-    // 2. The endpoint as it will be stored.
-    let host_veth = host_veth_name(req);
+    // 2. The rest of DoNetworking.
+    networking.routes = default_routes(&ips);
+    networking.ips = ips.clone();
+    let outcome = tokio::time::timeout(req.remaining(), pod.finish(&prepared, &networking))
+        .await
+        .map_err(|_| Error::TryAgainLater("timed out setting up the pod network".into()))??;
+    tracing::debug!("networking done");
+    inject_fault(req, "networking")?;
+    let mac = outcome.container_mac.to_string();
+
+    // 3. The endpoint record.
     let mut wep = WorkloadEndpoint::new(namespace, name);
     mesos_labels(req, &mut wep);
     wep.spec.endpoint = req.env.ifname.clone();
@@ -303,42 +360,8 @@ async fn add_new(
     wep.spec.container_id = req.env.container_id.clone();
     wep.spec.profiles = vec![req.conf.name.clone()];
     wep.spec.ip_networks = ips.iter().map(|ip| ip.to_string()).collect();
-
-    // 3. DoNetworking.
-    let networking = Networking {
-        ifname: req.env.ifname.clone(),
-        host_veth: host_veth.clone(),
-        ips: ips.clone(),
-        routes: default_routes(&ips),
-        mtu,
-        queues: req.conf.num_queues(),
-        container_mac: None,
-        allow_ip_forwarding: req.conf.container_settings.allow_ip_forwarding,
-        skip_host_routes: false,
-        deadline: req.deadline,
-    };
-    let netns = Path::new(&req.env.netns);
-    // Recorded before the attempt: a deadline can cut networking short after
-    // the pair exists, and deleting a veth that was never made is harmless.
-    undo.host_veth = Some(host_veth.clone());
-    let outcome = tokio::time::timeout(
-        req.remaining(),
-        with_pod_network(netns, async |pn| pn.add(&networking).await),
-    )
-    .await
-    .map_err(|_| Error::TryAgainLater("timed out setting up the pod network".into()))??
-    .ok_or_else(|| {
-        Error::Dataplane(format!(
-            "failed to Statfs {:?}: no such file or directory",
-            req.env.netns
-        ))
-    })?;
-    inject_fault(req, "networking")?;
-    let mac = outcome.container_mac.to_string();
     wep.spec.mac = mac.clone();
     wep.spec.interface_name = host_veth.clone();
-
-    // 4. The endpoint record.
     let stored = store
         .create_workload_endpoint(&wep)
         .await
@@ -348,9 +371,10 @@ async fn add_new(
         name.to_string(),
         stored.metadata.uid.clone(),
     ));
+    tracing::debug!("endpoint stored");
     inject_fault(req, "endpoint")?;
 
-    // 5. The network's profile.
+    // 4. The network's profile.
     ensure_profile(req, store).await?;
     inject_fault(req, "profile")?;
 

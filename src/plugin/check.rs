@@ -8,7 +8,7 @@ use crate::cni::env::Command;
 use crate::cni::result::CniResult;
 use crate::cni::{Error, Request, Result};
 use crate::dataplane::MacAddr;
-use crate::dataplane::linux::{Networking, with_pod_network};
+use crate::dataplane::linux::{Networking, PodNetwork};
 use crate::plugin::{
     default_routes, ensure_ready, host_prefix, host_veth_name, identifiers, ipam, nodename,
     open_datastore, wep_namespace,
@@ -67,11 +67,9 @@ pub async fn cmd_check(req: &Request) -> Result<()> {
         skip_host_routes: false,
         deadline: req.deadline,
     };
-    with_pod_network(Path::new(&req.env.netns), async |pn| {
-        pn.check(&expected, expected_mac).await
-    })
-    .await?
-    .ok_or_else(|| Error::Dataplane(format!("netns {} does not exist", req.env.netns)))?;
+    let pod = PodNetwork::open(Path::new(&req.env.netns))?
+        .ok_or_else(|| Error::Dataplane(format!("netns {} does not exist", req.env.netns)))?;
+    pod.check(&expected, expected_mac).await?;
 
     // The endpoint record.
     let store = open_datastore(req)?;

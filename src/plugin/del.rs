@@ -46,54 +46,81 @@ pub async fn cmd_del(req: &Request) -> Result<()> {
     let name = ids.name().map_err(|e| {
         Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
     });
-    let (store, wep) = lookup(req, &name).await;
-    let ours = match &wep {
-        Ok(Some(w)) => {
-            w.spec.container_id.is_empty() || w.spec.container_id == req.env.container_id
-        }
-        _ => false,
+    // The three parts run at once: the kernel's veth teardown (on its own
+    // thread), the IPAM plugin's release (its own process) and the record.
+    let started = tokio::time::Instant::now();
+    let timed = async |what: &str, f: std::pin::Pin<&mut dyn std::future::Future<Output = ()>>| {
+        f.await;
+        tracing::debug!("{what} done after {:?}", started.elapsed());
     };
+    let _ = timed;
+    let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, req.deadline);
+    let ipam = ipam(req);
+    let (ipam_result, cleanup, (wep, record_result)) = tokio::join!(
+        async {
+            let r = ipam.run(Command::Del, &req.raw).await;
+            tracing::debug!("IPAM DEL done after {:?}", started.elapsed());
+            r
+        },
+        async {
+            let r = cleanup.await;
+            tracing::debug!("netns cleanup done after {:?}", started.elapsed());
+            r
+        },
+        async {
+            let r = remove_record(req, &name).await;
+            tracing::debug!("record removal done after {:?}", started.elapsed());
+            r
+        }
+    );
 
-    // Local teardown first; it never depends on the datastore.
-    let ipam_result = ipam(req).run(Command::Del, &req.raw).await;
-    let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, req.deadline).await;
     if let Ok(CleanupOutcome::NetnsGone) = cleanup {
         // The sandbox is gone but its host veth may not be. It is removed
         // only when it is certainly this container's: recorded as this
         // container's, or (plain CNI) named after this container ID.
         let veth = host_veth_name(req);
-        let recorded = matches!(&wep, Ok(Some(w)) if ours && w.spec.interface_name == veth);
+        let recorded = wep.as_ref().is_some_and(|w| w.spec.interface_name == veth);
         if (recorded || ids.orchestrator == "cni") && delete_host_veth(&veth).await? {
             tracing::info!(%veth, "removed the host veth of a sandbox whose netns is gone");
         }
     }
-
-    // Then the record, guarded by its uid so that a newer sandbox's record
-    // is never removed.
-    let record_result = match (store, wep) {
-        (Some(store), Ok(Some(w))) if ours => {
-            let pre = Precondition {
-                resource_version: None,
-                uid: Some(w.metadata.uid.clone()).filter(|u| !u.is_empty()),
-            };
-            match store
-                .delete_workload_endpoint(&w.metadata.namespace, &w.metadata.name, pre)
-                .await
-            {
-                Ok(()) | Err(DatastoreError::NotFound(_)) => Ok(()),
-                Err(e) => Err(Error::Datastore(format!(
-                    "error deleting WorkloadEndpoint: {e}"
-                ))),
-            }
-        }
-        (_, Ok(Some(w))) => {
-            tracing::info!(owner = %w.spec.container_id, "endpoint belongs to another container; left alone");
-            Ok(())
-        }
-        (_, Ok(None)) => Ok(()),
-        (_, Err(e)) => Err(e),
-    };
     cleanup?;
     ipam_result?;
     record_result
+}
+
+/// Looks the endpoint record up and deletes it when it is this container's,
+/// guarded by its uid so that a newer sandbox's record is never removed.
+/// Returns the record it removed, if any.
+async fn remove_record(
+    req: &Request,
+    name: &Result<String>,
+) -> (Option<WorkloadEndpoint>, Result<()>) {
+    let (store, wep) = lookup(req, name).await;
+    let w = match wep {
+        Ok(Some(w)) => w,
+        Ok(None) => return (None, Ok(())),
+        Err(e) => return (None, Err(e)),
+    };
+    if !(w.spec.container_id.is_empty() || w.spec.container_id == req.env.container_id) {
+        tracing::info!(owner = %w.spec.container_id, "endpoint belongs to another container; left alone");
+        return (None, Ok(()));
+    }
+    let Some(store) = store else {
+        return (None, Ok(()));
+    };
+    let pre = Precondition {
+        resource_version: None,
+        uid: Some(w.metadata.uid.clone()).filter(|u| !u.is_empty()),
+    };
+    let result = match store
+        .delete_workload_endpoint(&w.metadata.namespace, &w.metadata.name, pre)
+        .await
+    {
+        Ok(()) | Err(DatastoreError::NotFound(_)) => Ok(()),
+        Err(e) => Err(Error::Datastore(format!(
+            "error deleting WorkloadEndpoint: {e}"
+        ))),
+    };
+    (Some(w), result)
 }
