@@ -16,4 +16,4 @@ cargo clippy --locked --all-targets --features fault-injection -- -D warnings
 cargo test --locked --features fault-injection
 # The benchmark harness in a small configuration: fails on any failure or leak.
 cargo build --locked --release --bins --examples
-./target/release/examples/bench --smoke
+cargo run --locked --release --example bench -- --smoke

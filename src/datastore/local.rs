@@ -47,6 +47,7 @@ use std::fmt;
 use std::fs::{DirBuilder, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -85,6 +86,8 @@ INSERT OR IGNORE INTO counter (id, last_revision) VALUES (1, 0);
 /// number of handles, in any number of processes, may share a file.
 pub struct LocalStore {
     conn: Mutex<Connection>,
+    /// The WAL file, whose size tells when to checkpoint.
+    wal: std::path::PathBuf,
 }
 
 impl fmt::Debug for LocalStore {
@@ -124,7 +127,11 @@ impl LocalStore {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let mut conn =
             Connection::open_with_flags(path, flags).map_err(|e| unavailable("opening", &e))?;
-        conn.busy_timeout(busy_timeout)?;
+        BUSY_WAIT_LIMIT_MICROS.store(
+            u64::try_from(busy_timeout.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        conn.busy_handler(Some(wait_while_busy))?;
 
         // Switching to WAL needs an exclusive lock, and SQLite may report
         // SQLITE_BUSY here without consulting the busy handler, so retry.
@@ -141,15 +148,17 @@ impl LocalStore {
         // Every plugin process opens and closes the store once. By default
         // the last connection to close checkpoints and deletes the WAL
         // (several fsyncs), and the next one recreates it: on the hot path
-        // of every ADD and DEL. Keep the WAL and its index instead, and keep
-        // it small so that the next opener's recovery scan stays cheap; the
-        // automatic checkpoint still runs every WAL_CHECKPOINT_PAGES pages.
+        // of every ADD and DEL. SQLite's automatic checkpoint does not fit
+        // either: each new process rebuilds the WAL index from the file and
+        // sees every frame as not yet checkpointed, so once the WAL passes
+        // the threshold every process checkpoints it again. Instead the WAL
+        // is kept across processes and truncated by a full checkpoint once
+        // it passes WAL_CHECKPOINT_FRAMES (see `Drop`).
         conn.set_db_config(
             rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
             true,
         )?;
-        conn.pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)?;
-        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         // The initial ClusterInformation is made (random ids and all) only
         // for a file that has no schema yet.
         let schema = retry_while_busy(deadline, || schema_version(&conn))?;
@@ -159,8 +168,11 @@ impl LocalStore {
             retry_while_busy(deadline, || initialize(&mut conn, &cluster_info, &value))?;
         }
 
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
         Ok(LocalStore {
             conn: Mutex::new(conn),
+            wal: wal.into(),
         })
     }
 
@@ -297,10 +309,49 @@ fn retry_while_busy<T>(
 /// (`cluster_info`, whose stored JSON is `value`) exactly once per file,
 /// however many processes race to do it. `user_version` records that it was
 /// done, so a ClusterInformation deleted later is not re-created.
-/// Pages in the WAL before a commit checkpoints it.
-const WAL_CHECKPOINT_PAGES: i64 = 128;
-/// Bytes the WAL is truncated to after a checkpoint.
-const WAL_SIZE_LIMIT: i64 = 1 << 20;
+/// How long a connection waits for another process's write lock in total.
+static BUSY_WAIT_LIMIT_MICROS: AtomicU64 = AtomicU64::new(0);
+/// One wait for a busy lock. SQLite's own handler sleeps 1, 2, 5, 10 … 100
+/// ms between tries, which turns a few concurrent plugins' sub-millisecond
+/// transactions into tens of milliseconds of waiting; short sleeps keep the
+/// wait close to the holder's transaction time.
+const BUSY_WAIT_STEP: Duration = Duration::from_micros(200);
+
+/// SQLite's busy handler: `true` to try again after a short sleep.
+fn wait_while_busy(attempt: i32) -> bool {
+    let waited = u64::try_from(attempt).unwrap_or(0) * BUSY_WAIT_STEP.as_micros() as u64;
+    if waited >= BUSY_WAIT_LIMIT_MICROS.load(Ordering::Relaxed) {
+        return false;
+    }
+    std::thread::sleep(BUSY_WAIT_STEP);
+    true
+}
+
+/// Frames in the WAL past which a closing connection checkpoints it (each
+/// new process reads the whole WAL once, so it is kept short).
+const WAL_CHECKPOINT_FRAMES: u64 = 64;
+/// A WAL frame: a 24-byte header and one page.
+const WAL_FRAME_BYTES: u64 = 24 + 4096;
+
+impl Drop for LocalStore {
+    fn drop(&mut self) {
+        let frames = std::fs::metadata(&self.wal).map_or(0, |m| m.len() / WAL_FRAME_BYTES);
+        if frames < WAL_CHECKPOINT_FRAMES {
+            return;
+        }
+        let conn = self.conn.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Fail fast when another process is reading or writing: one of the
+        // next closers will do it.
+        let _ = conn.busy_handler(None::<fn(i32) -> bool>);
+        match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            r.get::<_, i64>(0)
+        }) {
+            Ok(0) => tracing::debug!(frames, "checkpointed and truncated the WAL"),
+            Ok(_) => tracing::debug!(frames, "WAL checkpoint deferred: the store is busy"),
+            Err(e) => tracing::debug!(frames, "WAL checkpoint failed: {e}"),
+        }
+    }
+}
 
 fn schema_version(conn: &Connection) -> rusqlite::Result<i64> {
     conn.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
@@ -612,6 +663,31 @@ mod tests {
         wep.spec.endpoint = "eth0".into();
         wep.spec.ip_networks = vec!["10.0.0.1/32".into()];
         wep
+    }
+
+    /// One short-lived process after another (each opens, writes, closes):
+    /// the WAL stays short, everything written survives, and the file
+    /// never needs more than the occasional checkpoint.
+    #[test]
+    fn wal_stays_short_across_short_lived_openers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        for i in 0..200 {
+            let store = LocalStore::open(&path, TIMEOUT).unwrap();
+            run(store.create_workload_endpoint(&k8s_wep("ns", &format!("wep-{i:03}")))).unwrap();
+        }
+        let wal = std::fs::metadata(dir.path().join("store.db-wal")).map_or(0, |m| m.len());
+        assert!(
+            wal <= (WAL_CHECKPOINT_FRAMES + 8) * WAL_FRAME_BYTES,
+            "WAL grew to {wal} bytes"
+        );
+        let store = LocalStore::open(&path, TIMEOUT).unwrap();
+        assert_eq!(
+            run(store.list_workload_endpoints("ns", "wep-"))
+                .unwrap()
+                .len(),
+            200
+        );
     }
 
     #[test]
