@@ -134,30 +134,50 @@ exit 1"#,
     dir
 }
 
-#[test]
-fn failing_ipam_error_reaches_stdout_unchanged() {
+/// An ADD through the binary with IPAM plugin `ipam` found in `cni_path`,
+/// into a fresh netns; returns the outcome and asserts that the failed ADD
+/// left no interface behind.
+fn add_with_ipam(ipam: &str, cni_path: &std::path::Path, extra: Value) -> Option<common::Outcome> {
     // ADD opens the pod netns before (and while) the IPAM plugin runs.
-    if !common::root_or_skip("failing_ipam_error_reaches_stdout_unchanged") {
-        return;
+    if !common::root_or_skip(&format!("ADD with IPAM {ipam}")) {
+        return None;
     }
     let ns = common::Netns::new();
-    let plugins = fake_plugins();
     let state = tempfile::tempdir().unwrap();
-    let conf = json!({
+    let mut conf = json!({
         "cniVersion": "1.0.0", "name": "net1", "type": "calico", "nodename": "n",
         "mtu_file": state.path().join("mtu"),
         "local_datastore_path": state.path().join("store.db"),
-        "ipam": {"type": "failing-ipam"}
+        "ipam": {"type": ipam}
     });
+    for (k, v) in extra.as_object().unwrap() {
+        conf[k] = v.clone();
+    }
+    let cid = common::container_id();
     let env = env_of(&[
         ("CNI_COMMAND", "ADD"),
-        ("CNI_CONTAINERID", "failingipam1"),
+        ("CNI_CONTAINERID", &cid),
         ("CNI_NETNS", &ns.path()),
         ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", plugins.path().to_str().unwrap()),
+        ("CNI_PATH", cni_path.to_str().unwrap()),
     ]);
     let out = exec(CALICO, &env, &conf.to_string());
-    assert_eq!(out.code, 1);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        !common::host_link_exists(&common::host_veth(&cid)),
+        "host veth left"
+    );
+    let eth0 = ns.ip_json(&["link", "show", "dev", "eth0"]);
+    assert!(eth0.as_array().is_none_or(|a| a.is_empty()), "eth0 left");
+    Some(out)
+}
+
+#[test]
+fn failing_ipam_error_reaches_stdout_unchanged() {
+    let plugins = fake_plugins();
+    let Some(out) = add_with_ipam("failing-ipam", plugins.path(), json!({})) else {
+        return;
+    };
     let reply: Value = out.json();
     assert_eq!(reply["code"], 7);
     assert_eq!(reply["msg"], "Invalid Configuration");
@@ -169,59 +189,26 @@ fn failing_ipam_error_reaches_stdout_unchanged() {
 
 #[test]
 fn hanging_ipam_is_bounded_by_the_deadline() {
-    // ADD opens the pod netns before (and while) the IPAM plugin runs.
-    if !common::root_or_skip("hanging_ipam_is_bounded_by_the_deadline") {
-        return;
-    }
-    let ns = common::Netns::new();
     let plugins = fake_plugins();
-    let state = tempfile::tempdir().unwrap();
-    let conf = json!({
-        "cniVersion": "1.0.0", "name": "net1", "type": "calico", "nodename": "n",
-        "deadline_seconds": 1.5,
-        "mtu_file": state.path().join("mtu"),
-        "local_datastore_path": state.path().join("store.db"),
-        "ipam": {"type": "hanging-ipam"}
-    });
-    let env = env_of(&[
-        ("CNI_COMMAND", "ADD"),
-        ("CNI_CONTAINERID", "hangingipam1"),
-        ("CNI_NETNS", &ns.path()),
-        ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", plugins.path().to_str().unwrap()),
-    ]);
     let started = std::time::Instant::now();
-    let out = exec(CALICO, &env, &conf.to_string());
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    let Some(out) = add_with_ipam(
+        "hanging-ipam",
+        plugins.path(),
+        json!({"deadline_seconds": 1.5}),
+    ) else {
+        return;
+    };
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
     assert_eq!(out.error_code(), 11, "{}", out.stdout);
 }
 
 #[test]
 fn missing_ipam_plugin_is_a_config_error() {
-    // ADD opens the pod netns before (and while) the IPAM plugin runs.
-    if !common::root_or_skip("missing_ipam_plugin_is_a_config_error") {
+    let empty = tempfile::tempdir().unwrap();
+    let Some(out) = add_with_ipam("no-such-ipam", empty.path(), json!({})) else {
         return;
-    }
-    let ns = common::Netns::new();
-    let state = tempfile::tempdir().unwrap();
-    let conf = json!({
-        "cniVersion": "1.0.0", "name": "net1", "type": "calico", "nodename": "n",
-        "mtu_file": state.path().join("mtu"),
-        "local_datastore_path": state.path().join("store.db"),
-        "ipam": {"type": "no-such-ipam"}
-    });
-    let env = env_of(&[
-        ("CNI_COMMAND", "ADD"),
-        ("CNI_CONTAINERID", "noipam1"),
-        ("CNI_NETNS", &ns.path()),
-        ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", state.path().to_str().unwrap()),
-    ]);
-    let out = exec(CALICO, &env, &conf.to_string());
+    };
     assert_eq!(out.error_code(), 7, "{}", out.stdout);
     assert!(out.json()["msg"].as_str().unwrap().contains("no-such-ipam"));
 }

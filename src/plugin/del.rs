@@ -49,11 +49,6 @@ pub async fn cmd_del(req: &Request) -> Result<()> {
     // The three parts run at once: the kernel's veth teardown (on its own
     // thread), the IPAM plugin's release (its own process) and the record.
     let started = tokio::time::Instant::now();
-    let timed = async |what: &str, f: std::pin::Pin<&mut dyn std::future::Future<Output = ()>>| {
-        f.await;
-        tracing::debug!("{what} done after {:?}", started.elapsed());
-    };
-    let _ = timed;
     let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, req.deadline);
     let ipam = ipam(req);
     let (ipam_result, cleanup, (wep, record_result)) = tokio::join!(
