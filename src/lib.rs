@@ -6,5 +6,6 @@ pub mod cni;
 pub mod dataplane;
 pub mod datastore;
 pub mod ipam;
+pub mod k8s;
 pub mod logging;
 pub mod plugin;

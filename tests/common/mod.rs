@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod apiserver;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,389 @@
+//! The Kubernetes API client of one invocation, built with kube from the
+//! network config: `kubernetes.kubeconfig`, the `kubernetes.k8s_api_root` /
+//! `policy.k8s_api_root` overrides, `policy.k8s_auth_token` and the
+//! certificate options. Every process reads the kubeconfig (and a token or
+//! tokenFile in it) afresh, every request has a timeout and the whole call
+//! the invocation's deadline, and a rejected token is reported with the
+//! kubeconfig it came from and, for a JWT, when it expired.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, GroupVersionKind};
+use secrecy::ExposeSecret;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::cni::NetConf;
+
+/// How long one request may take at most (the deadline may cut it shorter).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The API group of Calico's CRDs in the Kubernetes datastore.
+pub const CALICO_CRD_GROUP: &str = "crd.projectcalico.org";
+pub const CALICO_CRD_VERSION: &str = "v1";
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum K8sError {
+    #[error("{0}")]
+    Config(String),
+    /// 401: the credentials were rejected.
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Api(String),
+    /// The deadline passed, or the server did not answer in time.
+    #[error("{0}")]
+    Timeout(String),
+}
+
+impl From<K8sError> for crate::cni::Error {
+    fn from(e: K8sError) -> Self {
+        match e {
+            K8sError::Config(m) => crate::cni::Error::InvalidConfig(m),
+            K8sError::Timeout(m) => crate::cni::Error::TryAgainLater(m),
+            other => crate::cni::Error::Kubernetes(other.to_string()),
+        }
+    }
+}
+
+/// Where the credentials came from, for error messages (never the secret).
+#[derive(Debug, Clone, Default)]
+struct Credentials {
+    /// The kubeconfig file, if one was used.
+    kubeconfig: Option<PathBuf>,
+    /// The bearer token in use, to read a JWT's expiry from.
+    token: Option<String>,
+    /// Where the token was read from.
+    token_source: String,
+}
+
+/// A Kubernetes client bound to one invocation's deadline.
+#[derive(Clone)]
+pub struct K8sClient {
+    client: kube::Client,
+    credentials: Credentials,
+    deadline: Instant,
+}
+
+/// `https://host:6443/api/v1/...` → `https://host:6443` (Calico strips the
+/// path from `/api/` on).
+fn api_root(root: &str) -> &str {
+    root.find("/api/")
+        .map_or(root, |i| &root[..i])
+        .trim_end_matches('/')
+}
+
+/// The `exp` claim of a JWT, if the token is one.
+pub fn jwt_expiry(token: &str) -> Option<SystemTime> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: Value = serde_json::from_slice(&bytes).ok()?;
+    let exp = claims.get("exp")?.as_u64()?;
+    Some(UNIX_EPOCH + Duration::from_secs(exp))
+}
+
+/// RFC 3339 (UTC, seconds) for an error message.
+fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, K8sError> {
+    Kubeconfig::read_from(path)
+        .map_err(|e| K8sError::Config(format!("failed to read kubeconfig {}: {e}", path.display())))
+}
+
+impl K8sClient {
+    /// Builds the client for this invocation from the network config.
+    pub async fn from_conf(conf: &NetConf, deadline: Instant) -> Result<K8sClient, K8sError> {
+        let root = [&conf.kubernetes.k8s_api_root, &conf.policy.k8s_api_root]
+            .into_iter()
+            .find(|r| !r.is_empty())
+            .map(|r| api_root(r).to_string());
+        let kubeconfig_path = (!conf.kubernetes.kubeconfig.is_empty())
+            .then(|| PathBuf::from(&conf.kubernetes.kubeconfig));
+        let mut credentials = Credentials {
+            kubeconfig: kubeconfig_path.clone(),
+            ..Credentials::default()
+        };
+
+        let mut config = match &kubeconfig_path {
+            Some(path) => {
+                let mut kc = read_kubeconfig(path)?;
+                let context_name = kc.current_context.clone().unwrap_or_default();
+                let context = kc
+                    .contexts
+                    .iter()
+                    .find(|c| c.name == context_name)
+                    .and_then(|c| c.context.clone());
+                let user = context.as_ref().map(|c| c.user.clone()).unwrap_or_default();
+                if let Some(info) = kc
+                    .auth_infos
+                    .iter_mut()
+                    .find(|a| Some(&a.name) == user.as_ref())
+                    .and_then(|auth| auth.auth_info.as_mut())
+                {
+                    if let Some(token) = &info.token {
+                        credentials.token = Some(token.expose_secret().to_string());
+                        credentials.token_source = format!("the token in {}", path.display());
+                    } else if let Some(file) = &info.token_file {
+                        // Read now, so that a rotated file is what this call uses.
+                        let token = std::fs::read_to_string(file).map_err(|e| {
+                            K8sError::Config(format!(
+                                "failed to read tokenFile {file} of kubeconfig {}: {e}",
+                                path.display()
+                            ))
+                        })?;
+                        credentials.token = Some(token.trim().to_string());
+                        credentials.token_source =
+                            format!("tokenFile {file} of {}", path.display());
+                    }
+                    if !conf.policy.k8s_client_certificate.is_empty() {
+                        info.client_certificate = Some(conf.policy.k8s_client_certificate.clone());
+                    }
+                    if !conf.policy.k8s_client_key.is_empty() {
+                        info.client_key = Some(conf.policy.k8s_client_key.clone());
+                    }
+                }
+                kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| {
+                        K8sError::Config(format!("invalid kubeconfig {}: {e}", path.display()))
+                    })?
+            }
+            None => {
+                let Some(root) = &root else {
+                    return Err(K8sError::Config(
+                        "no Kubernetes API configured: set kubernetes.kubeconfig or kubernetes.k8s_api_root".into(),
+                    ));
+                };
+                let uri = root
+                    .parse()
+                    .map_err(|e| K8sError::Config(format!("invalid k8s_api_root {root:?}: {e}")))?;
+                kube::Config::new(uri)
+            }
+        };
+        if let Some(root) = &root {
+            config.cluster_url = root
+                .parse()
+                .map_err(|e| K8sError::Config(format!("invalid k8s_api_root {root:?}: {e}")))?;
+        }
+        if !conf.policy.k8s_auth_token.is_empty() {
+            let token = conf.policy.k8s_auth_token.clone();
+            config.auth_info.token = Some(token.clone().into());
+            config.auth_info.token_file = None;
+            credentials.token = Some(token);
+            credentials.token_source = "policy.k8s_auth_token".into();
+        } else if let Some(token) = &credentials.token {
+            // The token just read (possibly from a rotated tokenFile).
+            config.auth_info.token = Some(token.clone().into());
+            config.auth_info.token_file = None;
+        }
+        if !conf.policy.k8s_certificate_authority.is_empty() {
+            config.root_cert_file = Some(PathBuf::from(&conf.policy.k8s_certificate_authority));
+            config.root_cert = None;
+        }
+        let per_request = REQUEST_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+        config.connect_timeout = Some(per_request);
+        config.read_timeout = Some(per_request);
+        config.write_timeout = Some(per_request);
+        let client = kube::Client::try_from(config).map_err(|e| {
+            K8sError::Config(format!("failed to create the Kubernetes client: {e}"))
+        })?;
+        Ok(K8sClient {
+            client,
+            credentials,
+            deadline,
+        })
+    }
+
+    fn describe_unauthorized(&self, status: &kube::core::Status) -> K8sError {
+        let from = match (
+            &self.credentials.kubeconfig,
+            self.credentials.token_source.is_empty(),
+        ) {
+            (_, false) => self.credentials.token_source.clone(),
+            (Some(path), true) => format!("the credentials in {}", path.display()),
+            (None, true) => "the configured credentials".into(),
+        };
+        let mut msg = format!(
+            "the Kubernetes API server rejected {from} ({} {})",
+            status.code, status.reason
+        );
+        if let Some(exp) = self.credentials.token.as_deref().and_then(jwt_expiry) {
+            if exp <= SystemTime::now() {
+                msg.push_str(&format!(
+                    ": the token expired at {}; refresh the kubeconfig (calico-node's token refresher writes it)",
+                    rfc3339(exp)
+                ));
+            } else {
+                msg.push_str(&format!(
+                    ": the token (valid until {}) was not accepted",
+                    rfc3339(exp)
+                ));
+            }
+        }
+        K8sError::Unauthorized(msg)
+    }
+
+    fn map_err(&self, what: &str, e: kube::Error) -> K8sError {
+        match e {
+            kube::Error::Api(status) if status.code == 401 => self.describe_unauthorized(&status),
+            kube::Error::Api(status) => {
+                K8sError::Api(format!("{what}: {} ({})", status.message, status.code))
+            }
+            other => {
+                let text = other.to_string();
+                if text.contains("timed out") || text.contains("deadline") {
+                    K8sError::Timeout(format!("{what}: {text}"))
+                } else {
+                    K8sError::Api(format!("{what}: {text}"))
+                }
+            }
+        }
+    }
+
+    /// Runs one request within the invocation's deadline; 404 is `None`.
+    async fn call<T>(
+        &self,
+        what: &str,
+        request: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<Option<T>, K8sError> {
+        let remaining = self.deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, request).await {
+            Err(_) => Err(K8sError::Timeout(format!(
+                "{what}: no answer from the Kubernetes API server within the deadline"
+            ))),
+            Ok(Ok(v)) => Ok(Some(v)),
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(None),
+            Ok(Err(e)) => Err(self.map_err(what, e)),
+        }
+    }
+
+    pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, K8sError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        self.call(
+            &format!("error getting pod {namespace}/{name}"),
+            api.get(name),
+        )
+        .await
+    }
+
+    pub async fn namespace(&self, name: &str) -> Result<Option<Namespace>, K8sError> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        self.call(&format!("error getting namespace {name}"), api.get(name))
+            .await
+    }
+
+    pub async fn node(&self, name: &str) -> Result<Option<Node>, K8sError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        self.call(&format!("error getting node {name}"), api.get(name))
+            .await
+    }
+
+    /// Strategic-merge PATCH of a pod's `status` subresource; `Ok(None)`
+    /// when the pod does not exist. A 409 (a failed resourceVersion or uid
+    /// precondition) is [`Conflict`].
+    pub async fn patch_pod_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Option<Pod>, PatchError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let params = PatchParams::default();
+        let remaining = self.deadline.saturating_duration_since(Instant::now());
+        let what = format!("error patching pod {namespace}/{name}");
+        match tokio::time::timeout(
+            remaining,
+            api.patch_status(name, &params, &Patch::Strategic(patch)),
+        )
+        .await
+        {
+            Err(_) => Err(PatchError::Other(K8sError::Timeout(format!(
+                "{what}: no answer within the deadline"
+            )))),
+            Ok(Ok(pod)) => Ok(Some(pod)),
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(None),
+            Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
+                Err(PatchError::Conflict(status.message.clone()))
+            }
+            Ok(Err(e)) => Err(PatchError::Other(self.map_err(&what, e))),
+        }
+    }
+
+    /// One Calico CRD object (crd.projectcalico.org/v1), cluster-scoped.
+    pub async fn calico_resource(
+        &self,
+        kind: &str,
+        plural: &str,
+        name: &str,
+    ) -> Result<Option<DynamicObject>, K8sError> {
+        let gvk = GroupVersionKind::gvk(CALICO_CRD_GROUP, CALICO_CRD_VERSION, kind);
+        let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        self.call(&format!("error getting {kind}({name})"), api.get(name))
+            .await
+    }
+}
+
+/// A PATCH failed: a precondition (409), or anything else.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PatchError {
+    #[error("update conflict: {0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Other(K8sError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_root_is_stripped_from_api_on() {
+        assert_eq!(
+            api_root("https://10.96.0.1:443/api/v1/"),
+            "https://10.96.0.1:443"
+        );
+        assert_eq!(api_root("https://k8s:6443/"), "https://k8s:6443");
+    }
+
+    #[test]
+    fn jwt_expiry_is_read_from_the_payload() {
+        use base64::Engine;
+        let enc =
+            |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+        let token = format!(
+            "{}.{}.sig",
+            enc(&serde_json::json!({"alg":"RS256"})),
+            enc(&serde_json::json!({"exp": 1700000000}))
+        );
+        let exp = jwt_expiry(&token).unwrap();
+        assert_eq!(rfc3339(exp), "2023-11-14T22:13:20Z");
+        assert!(jwt_expiry("not-a-jwt").is_none());
+    }
+}
