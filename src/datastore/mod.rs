@@ -2,6 +2,7 @@
 //! ([`model`]), the names derived from workload identity ([`names`]), the
 //! [`Datastore`] operations, and the embedded default backend ([`local`]).
 
+pub mod kubernetes;
 pub mod local;
 pub mod model;
 pub mod names;

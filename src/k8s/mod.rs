@@ -1,5 +1,11 @@
-//! Kubernetes: the API client and, later, CmdAddK8s / CmdDelK8s.
+//! Kubernetes mode: the API client, Calico's annotation rules, CmdAddK8s and
+//! CmdDelK8s.
 
+pub mod add;
 pub mod client;
+pub mod del;
+pub mod rules;
 
+pub use add::cmd_add_k8s;
 pub use client::{K8sClient, K8sError};
+pub use del::cmd_del_k8s;

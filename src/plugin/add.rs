@@ -9,6 +9,7 @@ use serde_json::Value;
 use crate::cni::env::Command;
 use crate::cni::result::{CniResult, Interface, IpConfig};
 use crate::cni::{Error, Request, Result};
+use crate::dataplane::MacAddr;
 use crate::dataplane::linux::{Networking, PodNetwork, delete_host_veth};
 use crate::datastore::model::{Profile, WorkloadEndpoint};
 use crate::datastore::names::{WepIdentifiers, sanitize_mesos_label};
@@ -21,7 +22,8 @@ use crate::plugin::{
 /// What an ADD has done so far, to be undone if a later step fails.
 #[derive(Default)]
 struct Undo {
-    ipam_allocated: bool,
+    /// The IPAM plugin was given a config: release with this one.
+    ipam_release: Option<Value>,
     host_veth: Option<String>,
     /// (namespace, name, uid) of a WorkloadEndpoint this ADD created.
     endpoint: Option<(String, String, String)>,
@@ -43,16 +45,57 @@ impl Undo {
         {
             tracing::error!("rollback: failed to delete veth {veth}: {e}");
         }
-        if self.ipam_allocated
-            && let Err(e) = ipam(req).run(Command::Del, &req.raw).await
+        if let Some(config) = self.ipam_release
+            && let Err(e) = ipam(req).run(Command::Del, &config).await
         {
             tracing::error!("rollback: failed to release the IPAM allocation: {e}");
         }
     }
 }
 
+/// Everything an ADD of a new endpoint has decided before addresses are
+/// allocated; the plain-CNI path and CmdAddK8s each build one.
+pub struct Plan {
+    /// The record to write; addresses, MAC and host interface are filled in.
+    pub wep: WorkloadEndpoint,
+    pub host_veth: String,
+    pub mtu: u32,
+    /// Container routes; empty means a default route per address family.
+    pub routes: Vec<IpNet>,
+    /// A requested container MAC (hwAddr annotation).
+    pub container_mac: Option<MacAddr>,
+    /// The config the IPAM plugin gets on DEL, should the ADD be rolled back.
+    pub ipam_release_config: Value,
+    /// Addresses given without IPAM (ipAddrsNoIpam): no IPAM call.
+    pub fixed_ips: Option<Vec<IpNet>>,
+    /// Applied to the record once the addresses are known.
+    pub finalize: Finalize,
+}
+
+/// A last adjustment of the record given the pod's addresses.
+pub type Finalize = Box<dyn FnOnce(&mut WorkloadEndpoint, &[IpNet]) -> Result<()> + Send>;
+
+/// Creates a new endpoint from `plan`: addresses (from `ipam_add`, running
+/// while the veth pair is made), DoNetworking, the record, the profile.
+/// Every step is undone if a later one fails.
+pub async fn add_endpoint(
+    req: &Request,
+    store: &dyn Datastore,
+    plan: Plan,
+    ipam_add: Option<impl std::future::Future<Output = Result<CniResult>>>,
+) -> Result<CniResult> {
+    let mut undo = Undo::default();
+    match add_new(req, store, plan, ipam_add, &mut undo).await {
+        Ok(result) => Ok(result),
+        Err(e) => {
+            undo.run(req, store).await;
+            Err(e)
+        }
+    }
+}
+
 /// Checks that need nothing but the config (the dataplane choice).
-fn validate_dataplane(req: &Request) -> Result<()> {
+pub fn validate_dataplane(req: &Request) -> Result<()> {
     match req.conf.device_type.as_str() {
         "" | "veth" => {}
         "netkit" => {
@@ -152,9 +195,7 @@ pub async fn cmd_add(req: &Request) -> Result<CniResult> {
     let mtu = req.conf.resolve_mtu()?;
     validate_dataplane(req)?;
     if req.env.args.k8s_pod().is_some() {
-        return Err(Error::UnsupportedField(
-            "Kubernetes pods (K8S_POD_NAME/K8S_POD_NAMESPACE in CNI_ARGS) are not supported by this build yet".into(),
-        ));
+        return crate::k8s::cmd_add_k8s(req, mtu).await;
     }
     if req.conf.feature_control.ip_addrs_no_ipam {
         return Err(Error::UnsupportedField(
@@ -169,48 +210,55 @@ pub async fn cmd_add(req: &Request) -> Result<CniResult> {
     // this ADD takes another path (nothing happens before it reads stdin).
     let ipam = ipam(req);
     let ipam_process = ipam.spawn(Command::Add).await?;
-    let store = open_datastore(req)?;
+    let store = open_datastore(req).await?;
     ensure_ready(store.as_ref()).await?;
     tracing::debug!("datastore ready");
 
     // Is there an endpoint for this workload already?
-    let prefix = lookup_prefix(&ids)?;
-    let existing = store
-        .list_workload_endpoints(&namespace, &prefix)
+    let existing = find_existing(store.as_ref(), &ids, &namespace).await?;
+    if let Some(wep) = existing {
+        return add_to_existing(req, store.as_ref(), wep).await;
+    }
+    let name = ids.name().map_err(|e| {
+        Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
+    })?;
+    let mut wep = WorkloadEndpoint::new(&namespace, &name);
+    mesos_labels(req, &mut wep);
+    wep.spec.endpoint = req.env.ifname.clone();
+    wep.spec.node = node;
+    wep.spec.orchestrator = "cni".into();
+    wep.spec.container_id = req.env.container_id.clone();
+    wep.spec.profiles = vec![req.conf.name.clone()];
+    let plan = Plan {
+        wep,
+        host_veth: host_veth_name(req),
+        mtu,
+        routes: Vec::new(),
+        container_mac: None,
+        ipam_release_config: req.raw.clone(),
+        fixed_ips: None,
+        finalize: Box::new(|_, _| Ok(())),
+    };
+    let ipam_add = ipam.add_on(&req.raw, Some(ipam_process));
+    add_endpoint(req, store.as_ref(), plan, Some(ipam_add)).await
+}
+
+/// The endpoint already recorded for this workload, if any: a prefix
+/// lookup filtered by NameMatches (interface ignored).
+pub async fn find_existing(
+    store: &dyn Datastore,
+    ids: &WepIdentifiers,
+    namespace: &str,
+) -> Result<Option<WorkloadEndpoint>> {
+    let prefix = lookup_prefix(ids)?;
+    let mut ids = ids.clone();
+    ids.endpoint.clear();
+    Ok(store
+        .list_workload_endpoints(namespace, &prefix)
         .await
         .map_err(datastore_err("error listing WorkloadEndpoints"))?
         .into_iter()
-        .find(|w| ids.name_matches(&w.metadata.name));
-
-    let result = match existing {
-        Some(wep) => add_to_existing(req, store.as_ref(), wep).await?,
-        None => {
-            let name = ids.name().map_err(|e| {
-                Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
-            })?;
-            let mut undo = Undo::default();
-            let ipam_add = ipam.add_on(&req.raw, Some(ipam_process));
-            match add_new(
-                req,
-                store.as_ref(),
-                ipam_add,
-                &namespace,
-                &name,
-                &node,
-                mtu,
-                &mut undo,
-            )
-            .await
-            {
-                Ok(result) => result,
-                Err(e) => {
-                    undo.run(req, store.as_ref()).await;
-                    return Err(e);
-                }
-            }
-        }
-    };
-    Ok(result)
+        .find(|w| ids.name_matches(&w.metadata.name)))
 }
 
 /// The name prefix that finds this workload's endpoints on any interface.
@@ -276,18 +324,23 @@ async fn ensure_profile(req: &Request, store: &dyn Datastore) -> Result<()> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn add_new(
     req: &Request,
     store: &dyn Datastore,
-    ipam_add: impl std::future::Future<Output = Result<CniResult>>,
-    namespace: &str,
-    name: &str,
-    node: &str,
-    mtu: u32,
+    plan: Plan,
+    ipam_add: Option<impl std::future::Future<Output = Result<CniResult>>>,
     undo: &mut Undo,
 ) -> Result<CniResult> {
-    let host_veth = host_veth_name(req);
+    let Plan {
+        mut wep,
+        host_veth,
+        mtu,
+        routes,
+        container_mac,
+        ipam_release_config,
+        fixed_ips,
+        finalize,
+    } = plan;
     let mut networking = Networking {
         ifname: req.env.ifname.clone(),
         host_veth: host_veth.clone(),
@@ -295,7 +348,7 @@ async fn add_new(
         routes: Vec::new(),
         mtu,
         queues: req.conf.num_queues(),
-        container_mac: None,
+        container_mac,
         allow_ip_forwarding: req.conf.container_settings.allow_ip_forwarding,
         skip_host_routes: false,
         deadline: req.deadline,
@@ -308,7 +361,26 @@ async fn add_new(
     // Likewise the allocation: once the plugin has its config, a failure
     // (even its own, or a deadline that kills it mid-way) is followed by a
     // DEL, which is harmless when it holds nothing.
-    undo.ipam_allocated = true;
+    if fixed_ips.is_none() {
+        undo.ipam_release = Some(ipam_release_config);
+    }
+    let allocate = async {
+        match (ipam_add, fixed_ips) {
+            (_, Some(ips)) => Ok(CniResult {
+                ips: ips
+                    .into_iter()
+                    .map(|address| crate::cni::result::IpConfig {
+                        address,
+                        gateway: None,
+                        interface: None,
+                    })
+                    .collect(),
+                ..CniResult::default()
+            }),
+            (Some(ipam_add), None) => ipam_add.await,
+            (None, None) => Err(Error::Internal("no address source for the endpoint".into())),
+        }
+    };
     let open_and_prepare = async {
         let pod = PodNetwork::open(Path::new(&req.env.netns))?.ok_or_else(|| {
             Error::Dataplane(format!(
@@ -320,7 +392,7 @@ async fn add_new(
         Ok::<_, Error>((pod, prepared))
     };
     let (ipam_result, prepared) = tokio::time::timeout(req.remaining(), async {
-        tokio::join!(ipam_add, open_and_prepare)
+        tokio::join!(allocate, open_and_prepare)
     })
     .await
     .map_err(|_| {
@@ -342,7 +414,16 @@ async fn add_new(
         .collect();
 
     // 2. The rest of DoNetworking.
-    networking.routes = default_routes(&ips);
+    // Only routes of the families the pod has addresses in.
+    networking.routes = if routes.is_empty() {
+        default_routes(&ips)
+    } else {
+        let families = |r: &IpNet| {
+            ips.iter()
+                .any(|ip| ip.addr().is_ipv6() == r.addr().is_ipv6())
+        };
+        routes.into_iter().filter(families).collect()
+    };
     networking.ips = ips.clone();
     let outcome = tokio::time::timeout(req.remaining(), pod.finish(&prepared, &networking))
         .await
@@ -352,23 +433,18 @@ async fn add_new(
     let mac = outcome.container_mac.to_string();
 
     // 3. The endpoint record.
-    let mut wep = WorkloadEndpoint::new(namespace, name);
-    mesos_labels(req, &mut wep);
-    wep.spec.endpoint = req.env.ifname.clone();
-    wep.spec.node = node.to_string();
-    wep.spec.orchestrator = "cni".into();
-    wep.spec.container_id = req.env.container_id.clone();
-    wep.spec.profiles = vec![req.conf.name.clone()];
     wep.spec.ip_networks = ips.iter().map(|ip| ip.to_string()).collect();
     wep.spec.mac = mac.clone();
     wep.spec.interface_name = host_veth.clone();
-    let stored = store
-        .create_workload_endpoint(&wep)
-        .await
-        .map_err(datastore_err("error creating WorkloadEndpoint"))?;
+    finalize(&mut wep, &ips)?;
+    let stored = match wep.metadata.resource_version.is_empty() {
+        true => store.create_workload_endpoint(&wep).await,
+        false => store.update_workload_endpoint(&wep).await,
+    }
+    .map_err(datastore_err("error writing WorkloadEndpoint"))?;
     undo.endpoint = Some((
-        namespace.to_string(),
-        name.to_string(),
+        wep.metadata.namespace.clone(),
+        wep.metadata.name.clone(),
         stored.metadata.uid.clone(),
     ));
     tracing::debug!("endpoint stored");

@@ -72,7 +72,7 @@ pub async fn cmd_check(req: &Request) -> Result<()> {
     pod.check(&expected, expected_mac).await?;
 
     // The endpoint record.
-    let store = open_datastore(req)?;
+    let store = open_datastore(req).await?;
     ensure_ready(store.as_ref()).await?;
     let name = identifiers(req, &nodename(req)).name().map_err(|e| {
         Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))

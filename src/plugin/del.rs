@@ -20,7 +20,7 @@ async fn lookup(
     Option<std::sync::Arc<dyn Datastore>>,
     Result<Option<WorkloadEndpoint>>,
 ) {
-    let store = match open_datastore(req) {
+    let store = match open_datastore(req).await {
         Ok(s) => s,
         Err(e) => return (None, Err(e)),
     };
@@ -41,6 +41,9 @@ async fn lookup(
 /// cmdDel.
 pub async fn cmd_del(req: &Request) -> Result<()> {
     req.conf.check_nodename_file()?;
+    if req.env.args.k8s_pod().is_some() {
+        return crate::k8s::cmd_del_k8s(req).await;
+    }
     let node = nodename(req);
     let ids = identifiers(req, &node);
     let name = ids.name().map_err(|e| {

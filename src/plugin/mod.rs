@@ -1,7 +1,7 @@
 //! The `calico` plugin's verbs: cmdAdd (`add`), cmdDel (`del`), CHECK,
 //! STATUS and GC, orchestrating IPAM, the dataplane and the datastore.
 
-mod add;
+pub mod add;
 mod check;
 mod del;
 mod status;
@@ -12,9 +12,11 @@ use ipnet::IpNet;
 
 use crate::cni::delegate::Delegate;
 use crate::cni::{CniResult, Command, Error, Request, Result};
+use crate::datastore::kubernetes::KubernetesStore;
 use crate::datastore::local::LocalStore;
-use crate::datastore::names::{WepIdentifiers, veth_name_for_container};
+use crate::datastore::names::{WepIdentifiers, veth_name_for_container, veth_name_for_workload};
 use crate::datastore::{Datastore, DatastoreError};
+use crate::k8s::K8sClient;
 
 pub use add::cmd_add;
 pub use check::cmd_check;
@@ -61,17 +63,30 @@ pub fn datastore_kind(req: &Request) -> Result<DatastoreKind> {
 }
 
 /// Opens the configured datastore.
-pub fn open_datastore(req: &Request) -> Result<Arc<dyn Datastore>> {
+pub async fn open_datastore(req: &Request) -> Result<Arc<dyn Datastore>> {
     match datastore_kind(req)? {
         DatastoreKind::Local => {
             let store = LocalStore::open(&req.conf.local_datastore_path(), req.remaining())
                 .map_err(|e| Error::Datastore(format!("error creating calico client: {e}")))?;
             Ok(Arc::new(store))
         }
-        kind => Err(Error::UnsupportedField(format!(
-            "datastore_type {kind:?} is not supported by this build yet; use \"local\""
-        ))),
+        DatastoreKind::Kubernetes => {
+            let client = K8sClient::from_conf(&req.conf, req.deadline).await?;
+            Ok(Arc::new(KubernetesStore::new(client, interface_prefix(req))))
+        }
+        DatastoreKind::Etcd => Err(Error::UnsupportedField(
+            "datastore_type \"etcdv3\" is not supported by this build yet; use \"local\" or \"kubernetes\"".into(),
+        )),
     }
+}
+
+/// FELIX_INTERFACEPREFIX, as the plugin's environment gives it.
+pub fn interface_prefix(req: &Request) -> Option<String> {
+    req.env
+        .vars
+        .get("FELIX_INTERFACEPREFIX")
+        .filter(|p| !p.is_empty())
+        .cloned()
 }
 
 /// The ClusterInformation readiness gate.
@@ -133,9 +148,13 @@ pub fn wep_namespace(req: &Request) -> String {
     }
 }
 
-/// The host-side veth name for this workload.
+/// The host-side veth name for this workload: from the pod's namespace and
+/// name in Kubernetes mode, from the container ID otherwise.
 pub fn host_veth_name(req: &Request) -> String {
-    veth_name_for_container(&req.env.container_id)
+    match req.env.args.k8s_pod() {
+        Some((ns, pod)) => veth_name_for_workload(ns, pod, interface_prefix(req).as_deref()),
+        None => veth_name_for_container(&req.env.container_id),
+    }
 }
 
 /// An address as the pod carries it: /32 or /128.

@@ -8,7 +8,7 @@ use crate::plugin::{ensure_ready, ipam, open_datastore};
 /// plugin's STATUS passes; code 50 with the reason otherwise.
 pub async fn cmd_status(req: &Request) -> Result<()> {
     let not_available = |e: Error| Error::NotAvailable(e.to_string());
-    let store = open_datastore(req).map_err(not_available)?;
+    let store = open_datastore(req).await.map_err(not_available)?;
     ensure_ready(store.as_ref()).await.map_err(not_available)?;
     ipam(req)
         .run_v11_verb(Command::Status, &req.raw)
