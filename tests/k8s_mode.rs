@@ -431,3 +431,235 @@ fn use_pod_cidr_takes_the_nodes_pod_cidr_and_custom_routes() {
     assert!(c.setup.reservations().is_empty());
     let _ = &c.kubeconfig;
 }
+
+#[test]
+fn readiness_gates_service_account_and_more_annotation_checks() {
+    if !root_or_skip("readiness_gates_service_account") {
+        return;
+    }
+    let mut c = Cluster::new("local");
+    // A gate that answers 200 (the test server's /version) lets ADD through.
+    c.conf["readiness_gates"] = json!([format!("{}/version", c.server.url())]);
+    c.server.put_pod(json!({
+        "metadata": {"name": "pod2", "namespace": c.ns},
+        "spec": {"nodeName": "test-node", "serviceAccountName": "testserviceaccount",
+                 "containers": [{"name": "c", "image": "i"}]}
+    }));
+    let ns = Netns::new();
+    let cid = container_id();
+    c.run("ADD", "pod2", &cid, &ns.path()).assert_ok();
+    let w = &c.setup.endpoints()[0];
+    assert_eq!(
+        w["spec"]["profiles"],
+        json!([
+            format!("kns.{}", c.ns),
+            format!("ksa.{}.testserviceaccount", c.ns)
+        ])
+    );
+    assert_eq!(
+        w["metadata"]["labels"]["projectcalico.org/serviceaccount"],
+        "testserviceaccount"
+    );
+    c.run("DEL", "pod2", &cid, &ns.path()).assert_ok();
+
+    // A gate given as a string is a config error; a closed gate times out.
+    let mut bad = c.conf.clone();
+    bad["readiness_gates"] = json!("http://127.0.0.1:9/x");
+    assert_eq!(
+        c.run_with("ADD", "pod2", &container_id(), &ns.path(), &bad)
+            .error_code(),
+        7
+    );
+    let mut closed = c.conf.clone();
+    closed["readiness_gates"] = json!(["http://127.0.0.1:9/never"]);
+    closed["deadline_seconds"] = json!(1);
+    assert_eq!(
+        c.run_with("ADD", "pod2", &container_id(), &ns.path(), &closed)
+            .error_code(),
+        11
+    );
+
+    // ipAddrsNoIpam needs calico-ipam and its feature flag.
+    c.server.put_pod(json!({
+        "metadata": {"name": "pod3", "namespace": c.ns,
+                     "annotations": {"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.0.0.1\"]"}},
+        "spec": {"nodeName": "test-node", "containers": [{"name": "c", "image": "i"}]}
+    }));
+    c.conf["readiness_gates"] = json!([]);
+    let out = c.run("ADD", "pod3", &container_id(), &ns.path());
+    assert!(
+        out.json()["msg"]
+            .as_str()
+            .unwrap()
+            .contains("ipAddrsNoIpam is not compatible with configured IPAM: host-local"),
+        "{}",
+        out.stdout
+    );
+    assert!(c.setup.reservations().is_empty());
+}
+
+#[test]
+fn second_interface_keeps_the_endpoint_and_similar_pod_names_stay_apart() {
+    if !root_or_skip("second_interface_keeps_the_endpoint") {
+        return;
+    }
+    let c = Cluster::new("local");
+    c.pod("pod1", json!({}));
+    c.pod("pod1-1", json!({}));
+    let ns = Netns::new();
+    let cid = container_id();
+    c.run("ADD", "pod1", &cid, &ns.path()).assert_ok();
+    // The same container ADDed again on eth1: the endpoint keeps eth0.
+    let args = format!(
+        "K8S_POD_NAMESPACE={};K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid}",
+        c.ns
+    );
+    c.setup
+        .run_with(
+            "ADD",
+            &cid,
+            &ns.path(),
+            "eth1",
+            &c.conf,
+            &[("CNI_ARGS", &args)],
+        )
+        .assert_ok();
+    let weps = c.setup.endpoints();
+    assert_eq!(weps.len(), 1, "{weps:#?}");
+    assert_eq!(weps[0]["spec"]["endpoint"], "eth0");
+    assert_eq!(weps[0]["metadata"]["name"], "test--node-k8s-pod1-eth0");
+    // A pod named like it (pod1-1) gets its own endpoint.
+    let ns2 = Netns::new();
+    let cid2 = container_id();
+    c.run("ADD", "pod1-1", &cid2, &ns2.path()).assert_ok();
+    let names: Vec<Value> = c
+        .setup
+        .endpoints()
+        .iter()
+        .map(|w| w["metadata"]["name"].clone())
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            json!("test--node-k8s-pod1--1-eth0"),
+            json!("test--node-k8s-pod1-eth0")
+        ]
+    );
+    c.setup
+        .run_with(
+            "DEL",
+            &cid,
+            &ns.path(),
+            "eth1",
+            &c.conf,
+            &[("CNI_ARGS", &args)],
+        )
+        .assert_ok();
+    c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
+    c.run("DEL", "pod1-1", &cid2, &ns2.path()).assert_ok();
+    assert!(c.setup.endpoints().is_empty());
+    assert!(
+        c.setup.reservations().is_empty(),
+        "{:?}",
+        c.setup.reservations()
+    );
+}
+
+#[test]
+fn explicit_ip_from_the_pod_cidr_is_given_again_after_del() {
+    if !root_or_skip("explicit_ip_from_the_pod_cidr") {
+        return;
+    }
+    let mut c = Cluster::new("kubernetes");
+    c.server.put_node(
+        json!({"metadata": {"name": "test-node"}, "spec": {"podCIDRs": ["10.241.0.0/24"]}}),
+    );
+    c.conf["ipam"]["ranges"] = json!([[{"subnet": "usePodCidr"}]]);
+    c.conf["include_default_routes"] = json!(true);
+    c.conf["ipam"]["routes"] = json!([{"dst": "10.123.0.0/16"}]);
+    c.pod("pod1", json!({}));
+    let ns = Netns::new();
+    for _ in 0..2 {
+        let cid = container_id();
+        let args = format!(
+            "K8S_POD_NAMESPACE={};K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid};IP=10.241.0.42",
+            c.ns
+        );
+        let r = c
+            .setup
+            .run_with(
+                "ADD",
+                &cid,
+                &ns.path(),
+                "eth0",
+                &c.conf,
+                &[("CNI_ARGS", &args)],
+            )
+            .assert_ok()
+            .json();
+        assert_eq!(pod_ip(&r), "10.241.0.42/32");
+        let routes: Vec<String> = ns
+            .ip_json(&["-4", "route"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["dst"].as_str().unwrap().to_string())
+            .collect();
+        assert!(
+            routes.contains(&"default".to_string())
+                && routes.contains(&"10.123.0.0/16".to_string()),
+            "{routes:?}"
+        );
+        c.setup
+            .run_with(
+                "DEL",
+                &cid,
+                &ns.path(),
+                "eth0",
+                &c.conf,
+                &[("CNI_ARGS", &args)],
+            )
+            .assert_ok();
+    }
+    assert!(c.setup.reservations().is_empty());
+}
+
+#[test]
+fn dual_pod_cidrs_and_two_ipv4_ranges() {
+    if !root_or_skip("dual_pod_cidrs_and_two_ipv4_ranges") {
+        return;
+    }
+    let mut c = Cluster::new("kubernetes");
+    c.server.put_node(json!({"metadata": {"name": "test-node"},
+        "spec": {"podCIDRs": ["10.240.10.0/24", "fd00:dead:beef::/96"]}}));
+    c.conf["ipam"]["ranges"] = json!([
+        [{"subnet": "usePodCidr"}],
+        [{"subnet": "usePodCidrIPv6"}],
+        [{"subnet": "10.240.100.0/24"}]
+    ]);
+    c.pod("pod1", json!({}));
+    let ns = Netns::new();
+    let cid = container_id();
+    let r = c.run("ADD", "pod1", &cid, &ns.path()).assert_ok().json();
+    assert_eq!(r["ips"].as_array().unwrap().len(), 3, "{r}");
+    let v6_default = ns.ip_json(&["-6", "route", "show", "default"]);
+    assert_eq!(v6_default[0]["gateway"], "fe80::ecee:eeff:feee:eeee");
+    let addrs = &ns.ip_json(&["addr", "show", "dev", "eth0"])[0]["addr_info"];
+    let global_v4 = addrs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["family"] == "inet" && a["scope"] == "global")
+        .count();
+    assert_eq!(global_v4, 2, "one IPv4 address per IPv4 range");
+    assert!(
+        addrs
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a.get("tentative").is_none()),
+        "{addrs}"
+    );
+    c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
+    assert!(c.setup.reservations().is_empty());
+}

@@ -194,6 +194,9 @@ pub async fn cmd_add(req: &Request) -> Result<CniResult> {
     req.conf.check_nodename_file()?;
     let mtu = req.conf.resolve_mtu()?;
     validate_dataplane(req)?;
+    if !req.conf.readiness_gates.is_empty() {
+        crate::plugin::readiness::wait_for_gates(&req.conf.readiness_gates, req.deadline).await?;
+    }
     if req.env.args.k8s_pod().is_some() {
         return crate::k8s::cmd_add_k8s(req, mtu).await;
     }

@@ -4,6 +4,7 @@
 pub mod add;
 mod check;
 mod del;
+pub mod readiness;
 mod status;
 
 use std::sync::Arc;

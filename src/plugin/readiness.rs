@@ -1,0 +1,129 @@
+//! Readiness gates (`readiness_gates`): before an ADD touches anything, each
+//! URL must answer an HTTP GET with a status from 200 to 399. Calico polls
+//! every 5 s for up to 30 s; this plugin polls every 250 ms, within the same
+//! 30 s and the invocation's deadline, so a pod starts as soon as the gate
+//! opens.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+use crate::cni::{Error, Result};
+
+const GATE_LIMIT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(250);
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Parses every gate first: a bad URL fails the ADD before any waiting.
+pub fn parse_gates(gates: &[String]) -> Result<Vec<http::Uri>> {
+    gates
+        .iter()
+        .map(|g| {
+            let uri: http::Uri = g
+                .parse()
+                .map_err(|e| Error::InvalidConfig(format!("invalid URL set for ReadinessGates:{g} Error:{e}")))?;
+            match uri.scheme_str() {
+                Some("http") if uri.host().is_some() => Ok(uri),
+                _ => Err(Error::UnsupportedField(format!(
+                    "invalid URL set for ReadinessGates:{g} Error:only http:// readiness gates are supported"
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// One GET; the status code, if the server answered.
+async fn status_of(uri: &http::Uri) -> Option<u16> {
+    let host = uri.host()?;
+    let port = uri.port_u16().unwrap_or(80);
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: calico-cni\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut head = vec![0u8; 64];
+        let n = stream.read(&mut head).await.ok()?;
+        let line = String::from_utf8_lossy(&head[..n]);
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    tokio::time::timeout(ATTEMPT_TIMEOUT, attempt)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Waits until every gate is open, or fails when 30 s (or the deadline) pass.
+pub async fn wait_for_gates(gates: &[String], deadline: Instant) -> Result<()> {
+    let gates = parse_gates(gates)?;
+    let until = deadline.min(Instant::now() + GATE_LIMIT);
+    for gate in &gates {
+        loop {
+            match status_of(gate).await {
+                Some(code) if (200..400).contains(&code) => break,
+                last => {
+                    if Instant::now() + POLL >= until {
+                        return Err(Error::TryAgainLater(format!(
+                            "readiness gate {gate} is not ready (last answer: {})",
+                            last.map_or("none".to_string(), |c| c.to_string())
+                        )));
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_urls_are_checked() {
+        assert!(parse_gates(&["http://127.0.0.1:9099/readiness".into()]).is_ok());
+        let e = parse_gates(&["::not a url".into()]).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("invalid URL set for ReadinessGates:::not a url Error:"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn waits_for_an_open_gate_and_times_out_on_a_closed_one() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Answers 503 twice, then 200.
+        tokio::spawn(async move {
+            for i in 0.. {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 512];
+                let _ = s.read(&mut buf).await;
+                let status = if i < 2 {
+                    "503 Service Unavailable"
+                } else {
+                    "200 OK"
+                };
+                let _ = s
+                    .write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                    .await;
+            }
+        });
+        let gate = format!("http://127.0.0.1:{port}/ready");
+        let started = Instant::now();
+        wait_for_gates(&[gate], Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= POLL * 2);
+
+        let closed = "http://127.0.0.1:9/never".to_string();
+        let e = wait_for_gates(&[closed], Instant::now() + Duration::from_millis(600))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), 11);
+    }
+}
