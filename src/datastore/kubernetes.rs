@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::k8s::objects::Pod;
 use serde_json::json;
 
 use super::model::{Profile, WorkloadEndpoint};
@@ -150,7 +150,7 @@ impl Datastore for KubernetesStore {
             .client
             .calico_resource("ClusterInformation", "clusterinformations", "default")
             .await?;
-        Ok(info.is_some_and(|o| o.data.pointer("/spec/datastoreReady") == Some(&json!(true))))
+        Ok(info.is_some_and(|o| o.pointer("/spec/datastoreReady") == Some(&json!(true))))
     }
 
     async fn get_workload_endpoint(

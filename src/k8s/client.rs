@@ -9,15 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::core::{ApiResource, GroupVersionKind};
 use secrecy::ExposeSecret;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::cni::NetConf;
+use crate::k8s::objects::{Namespace, Node, Pod};
 
 /// How long one request may take at most (the deadline may cut it shorter).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -283,46 +282,75 @@ impl K8sClient {
         }
     }
 
+    /// One request to `path` (which must be made of valid names).
+    async fn send<T: DeserializeOwned>(
+        &self,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<T, kube::Error> {
+        self.client.request::<T>(request).await
+    }
+
+    fn get(path: &str) -> http::Request<Vec<u8>> {
+        http::Request::get(path)
+            .body(Vec::new())
+            .expect("a GET request builds")
+    }
+
     pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, K8sError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{}",
+            segment(namespace)?,
+            segment(name)?
+        );
         self.call(
             &format!("error getting pod {namespace}/{name}"),
-            api.get(name),
+            self.send(Self::get(&path)),
         )
         .await
     }
 
     pub async fn namespace(&self, name: &str) -> Result<Option<Namespace>, K8sError> {
-        let api: Api<Namespace> = Api::all(self.client.clone());
-        self.call(&format!("error getting namespace {name}"), api.get(name))
-            .await
+        let path = format!("/api/v1/namespaces/{}", segment(name)?);
+        self.call(
+            &format!("error getting namespace {name}"),
+            self.send(Self::get(&path)),
+        )
+        .await
     }
 
     pub async fn node(&self, name: &str) -> Result<Option<Node>, K8sError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        self.call(&format!("error getting node {name}"), api.get(name))
-            .await
+        let path = format!("/api/v1/nodes/{}", segment(name)?);
+        self.call(
+            &format!("error getting node {name}"),
+            self.send(Self::get(&path)),
+        )
+        .await
     }
 
     /// Strategic-merge PATCH of a pod's `status` subresource; `Ok(None)`
     /// when the pod does not exist. A 409 (a failed resourceVersion or uid
-    /// precondition) is [`Conflict`].
+    /// precondition) is [`PatchError::Conflict`].
     pub async fn patch_pod_status(
         &self,
         namespace: &str,
         name: &str,
         patch: &Value,
     ) -> Result<Option<Pod>, PatchError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let params = PatchParams::default();
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{}/status",
+            segment(namespace).map_err(PatchError::Other)?,
+            segment(name).map_err(PatchError::Other)?
+        );
+        let request = http::Request::patch(path)
+            .header(
+                http::header::CONTENT_TYPE,
+                "application/strategic-merge-patch+json",
+            )
+            .body(serde_json::to_vec(patch).expect("JSON values serialize"))
+            .expect("a PATCH request builds");
         let remaining = self.deadline.saturating_duration_since(Instant::now());
         let what = format!("error patching pod {namespace}/{name}");
-        match tokio::time::timeout(
-            remaining,
-            api.patch_status(name, &params, &Patch::Strategic(patch)),
-        )
-        .await
-        {
+        match tokio::time::timeout(remaining, self.send::<Pod>(request)).await {
             Err(_) => Err(PatchError::Other(K8sError::Timeout(format!(
                 "{what}: no answer within the deadline"
             )))),
@@ -335,19 +363,38 @@ impl K8sClient {
         }
     }
 
-    /// One Calico CRD object (crd.projectcalico.org/v1), cluster-scoped.
+    /// One cluster-scoped Calico CRD object (crd.projectcalico.org/v1), as JSON.
     pub async fn calico_resource(
         &self,
         kind: &str,
         plural: &str,
         name: &str,
-    ) -> Result<Option<DynamicObject>, K8sError> {
-        let gvk = GroupVersionKind::gvk(CALICO_CRD_GROUP, CALICO_CRD_VERSION, kind);
-        let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
-        self.call(&format!("error getting {kind}({name})"), api.get(name))
-            .await
+    ) -> Result<Option<Value>, K8sError> {
+        let path = format!(
+            "/apis/{CALICO_CRD_GROUP}/{CALICO_CRD_VERSION}/{plural}/{}",
+            segment(name)?
+        );
+        self.call(
+            &format!("error getting {kind}({name})"),
+            self.send(Self::get(&path)),
+        )
+        .await
     }
+}
+
+/// A name as one URL path segment: Kubernetes names never need escaping,
+/// so anything that would is refused rather than sent.
+fn segment(name: &str) -> Result<&str, K8sError> {
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+    {
+        return Err(K8sError::Config(format!(
+            "{name:?} is not a valid Kubernetes object name"
+        )));
+    }
+    Ok(name)
 }
 
 /// A PATCH failed: a precondition (409), or anything else.

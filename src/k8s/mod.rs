@@ -4,6 +4,7 @@
 pub mod add;
 pub mod client;
 pub mod del;
+pub mod objects;
 pub mod rules;
 
 pub use add::cmd_add_k8s;

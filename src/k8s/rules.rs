@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::str::FromStr;
 
+use crate::k8s::objects::{Container, Namespace, Pod};
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod};
 use serde_json::{Map, Value, json};
 
 use crate::dataplane::MacAddr;
