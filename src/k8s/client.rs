@@ -110,6 +110,70 @@ fn rfc3339(t: SystemTime) -> String {
     )
 }
 
+/// A kubeconfig with one empty cluster, user and context, for a config that
+/// names the API server and credentials directly.
+fn minimal_kubeconfig() -> Kubeconfig {
+    use kube::config::{AuthInfo, Cluster, Context, NamedAuthInfo, NamedCluster, NamedContext};
+    Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: "cluster".into(),
+            cluster: Some(Cluster::default()),
+            other: Default::default(),
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "user".into(),
+            auth_info: Some(AuthInfo::default()),
+            other: Default::default(),
+        }],
+        contexts: vec![NamedContext {
+            name: "context".into(),
+            context: Some(Context {
+                cluster: "cluster".into(),
+                user: Some("user".into()),
+                ..Context::default()
+            }),
+            other: Default::default(),
+        }],
+        current_context: Some("context".into()),
+        ..Kubeconfig::default()
+    }
+}
+
+/// The HTTP client: rustls (the kubeconfig's CA and client certificate),
+/// the API server's base URI, and the bearer token on every request. It is
+/// put together here rather than with kube's own builder, whose auth layer
+/// links exec and auth-provider support (JSONPath, regex: half a megabyte)
+/// that a CNI plugin's kubeconfig never uses.
+fn build_client(config: &kube::Config, token: Option<&str>) -> Result<kube::Client, K8sError> {
+    use kube::client::ConfigExt;
+    let https = config.rustls_https_connector().map_err(|e| {
+        K8sError::Config(format!("failed to set up TLS for the Kubernetes API: {e}"))
+    })?;
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(https);
+    let authorization = token
+        .map(|t| {
+            let mut value = http::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                K8sError::Config("the bearer token contains invalid characters".into())
+            })?;
+            value.set_sensitive(true);
+            Ok::<_, K8sError>(value)
+        })
+        .transpose()?;
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .map_request(move |mut request: http::Request<kube::client::Body>| {
+            if let Some(value) = &authorization {
+                request
+                    .headers_mut()
+                    .insert(http::header::AUTHORIZATION, value.clone());
+            }
+            request
+        })
+        .service(http);
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
+
 fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, K8sError> {
     Kubeconfig::read_from(path)
         .map_err(|e| K8sError::Config(format!("failed to read kubeconfig {}: {e}", path.display())))
@@ -129,89 +193,87 @@ impl K8sClient {
             ..Credentials::default()
         };
 
-        let mut config = match &kubeconfig_path {
-            Some(path) => {
-                let mut kc = read_kubeconfig(path)?;
-                let context_name = kc.current_context.clone().unwrap_or_default();
-                let context = kc
-                    .contexts
-                    .iter()
-                    .find(|c| c.name == context_name)
-                    .and_then(|c| c.context.clone());
-                let user = context.as_ref().map(|c| c.user.clone()).unwrap_or_default();
-                if let Some(info) = kc
-                    .auth_infos
-                    .iter_mut()
-                    .find(|a| Some(&a.name) == user.as_ref())
-                    .and_then(|auth| auth.auth_info.as_mut())
-                {
-                    if let Some(token) = &info.token {
-                        credentials.token = Some(token.expose_secret().to_string());
-                        credentials.token_source = format!("the token in {}", path.display());
-                    } else if let Some(file) = &info.token_file {
-                        // Read now, so that a rotated file is what this call uses.
-                        let token = std::fs::read_to_string(file).map_err(|e| {
-                            K8sError::Config(format!(
-                                "failed to read tokenFile {file} of kubeconfig {}: {e}",
-                                path.display()
-                            ))
-                        })?;
-                        credentials.token = Some(token.trim().to_string());
-                        credentials.token_source =
-                            format!("tokenFile {file} of {}", path.display());
-                    }
-                    if !conf.policy.k8s_client_certificate.is_empty() {
-                        info.client_certificate = Some(conf.policy.k8s_client_certificate.clone());
-                    }
-                    if !conf.policy.k8s_client_key.is_empty() {
-                        info.client_key = Some(conf.policy.k8s_client_key.clone());
-                    }
-                }
-                kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                    .await
-                    .map_err(|e| {
-                        K8sError::Config(format!("invalid kubeconfig {}: {e}", path.display()))
-                    })?
-            }
+        // One kubeconfig (the file, or one made from the overrides alone),
+        // with every override of the network config applied to it.
+        let mut kc = match &kubeconfig_path {
+            Some(path) => read_kubeconfig(path)?,
+            None if root.is_some() => minimal_kubeconfig(),
             None => {
-                let Some(root) = &root else {
-                    return Err(K8sError::Config(
-                        "no Kubernetes API configured: set kubernetes.kubeconfig or kubernetes.k8s_api_root".into(),
-                    ));
-                };
-                let uri = root
-                    .parse()
-                    .map_err(|e| K8sError::Config(format!("invalid k8s_api_root {root:?}: {e}")))?;
-                kube::Config::new(uri)
+                return Err(K8sError::Config(
+                    "no Kubernetes API configured: set kubernetes.kubeconfig or kubernetes.k8s_api_root".into(),
+                ));
             }
         };
-        if let Some(root) = &root {
-            config.cluster_url = root
-                .parse()
-                .map_err(|e| K8sError::Config(format!("invalid k8s_api_root {root:?}: {e}")))?;
+        let context_name = kc.current_context.clone().unwrap_or_default();
+        let context = kc
+            .contexts
+            .iter()
+            .find(|c| c.name == context_name)
+            .and_then(|c| c.context.clone())
+            .ok_or_else(|| {
+                K8sError::Config(format!("kubeconfig has no context {context_name:?}"))
+            })?;
+        if let Some(cluster) = kc
+            .clusters
+            .iter_mut()
+            .find(|c| c.name == context.cluster)
+            .and_then(|c| c.cluster.as_mut())
+        {
+            if let Some(root) = &root {
+                cluster.server = Some(root.clone());
+            }
+            if !conf.policy.k8s_certificate_authority.is_empty() {
+                cluster.certificate_authority = Some(conf.policy.k8s_certificate_authority.clone());
+                cluster.certificate_authority_data = None;
+            }
         }
-        if !conf.policy.k8s_auth_token.is_empty() {
-            let token = conf.policy.k8s_auth_token.clone();
-            config.auth_info.token = Some(token.clone().into());
-            config.auth_info.token_file = None;
-            credentials.token = Some(token);
-            credentials.token_source = "policy.k8s_auth_token".into();
-        } else if let Some(token) = &credentials.token {
-            // The token just read (possibly from a rotated tokenFile).
-            config.auth_info.token = Some(token.clone().into());
-            config.auth_info.token_file = None;
+        let kubeconfig_name = kubeconfig_path.as_ref().map_or_else(
+            || "the network config".to_string(),
+            |p| p.display().to_string(),
+        );
+        if let Some(info) = kc
+            .auth_infos
+            .iter_mut()
+            .find(|a| Some(&a.name) == context.user.as_ref())
+            .and_then(|auth| auth.auth_info.as_mut())
+        {
+            if !conf.policy.k8s_auth_token.is_empty() {
+                credentials.token = Some(conf.policy.k8s_auth_token.clone());
+                credentials.token_source = "policy.k8s_auth_token".into();
+            } else if let Some(token) = &info.token {
+                credentials.token = Some(token.expose_secret().to_string());
+                credentials.token_source = format!("the token in {kubeconfig_name}");
+            } else if let Some(file) = &info.token_file {
+                // Read now: a rotated file is what this call uses.
+                let token = std::fs::read_to_string(file).map_err(|e| {
+                    K8sError::Config(format!(
+                        "failed to read tokenFile {file} of kubeconfig {kubeconfig_name}: {e}"
+                    ))
+                })?;
+                credentials.token = Some(token.trim().to_string());
+                credentials.token_source = format!("tokenFile {file} of {kubeconfig_name}");
+            }
+            if info.exec.is_some() || info.auth_provider.is_some() {
+                return Err(K8sError::Config(format!(
+                    "kubeconfig {kubeconfig_name}: exec and auth-provider credentials are not supported; use a token, a tokenFile or client certificates"
+                )));
+            }
+            // The bearer token is added per request below.
+            info.token = None;
+            info.token_file = None;
+            if !conf.policy.k8s_client_certificate.is_empty() {
+                info.client_certificate = Some(conf.policy.k8s_client_certificate.clone());
+                info.client_certificate_data = None;
+            }
+            if !conf.policy.k8s_client_key.is_empty() {
+                info.client_key = Some(conf.policy.k8s_client_key.clone());
+                info.client_key_data = None;
+            }
         }
-        if !conf.policy.k8s_certificate_authority.is_empty() {
-            config.root_cert_file = Some(PathBuf::from(&conf.policy.k8s_certificate_authority));
-            config.root_cert = None;
-        }
-        let per_request = REQUEST_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
-        config.connect_timeout = Some(per_request);
-        config.read_timeout = Some(per_request);
-        config.write_timeout = Some(per_request);
-        let client = kube::Client::try_from(config).map_err(|e| {
-            K8sError::Config(format!("failed to create the Kubernetes client: {e}"))
-        })?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| K8sError::Config(format!("invalid kubeconfig {kubeconfig_name}: {e}")))?;
+        let client = build_client(&config, credentials.token.as_deref())?;
         Ok(K8sClient {
             client,
             credentials,
