@@ -663,3 +663,75 @@ fn dual_pod_cidrs_and_two_ipv4_ranges() {
     c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
     assert!(c.setup.reservations().is_empty());
 }
+
+#[test]
+fn calico_ipam_annotation_validation_errors() {
+    if !root_or_skip("calico_ipam_annotation_validation_errors") {
+        return;
+    }
+    let mut c = Cluster::new("kubernetes");
+    c.conf["ipam"] = json!({"type": "calico-ipam"});
+    // calico-ipam is this binary under another name.
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(CALICO, bin.path().join("calico-ipam")).unwrap();
+    let cni_path = format!("{}:{CNI_BIN}", bin.path().display());
+    for (namespace_annotations, pod_annotations, expect) in [
+        (
+            json!({"cni.projectcalico.org/ipFamilies": "[\"IPv5\"]"}),
+            json!({}),
+            "error parsing ipFamilies",
+        ),
+        (
+            json!({"cni.projectcalico.org/ipv4pools": "not json"}),
+            json!({}),
+            "ipv4pools",
+        ),
+        (
+            json!({}),
+            json!({"cni.projectcalico.org/ipAddrs": "[\"10.0.0.300\"]"}),
+            "invalid IP format: 10.0.0.300",
+        ),
+        (
+            json!({}),
+            json!({"cni.projectcalico.org/ipAddrs": "[]"}),
+            "specified but empty",
+        ),
+        (
+            json!({}),
+            json!({"cni.projectcalico.org/ipAddrs": "[\"10.0.0.1\",\"10.0.0.2\"]"}),
+            "cannot have more than one IPv4 address",
+        ),
+        (
+            json!({}),
+            json!({"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.0.0.1\"]"}),
+            "requested feature is not enabled: ip_addrs_no_ipam",
+        ),
+    ] {
+        c.server.put_namespace(
+            json!({"metadata": {"name": c.ns, "annotations": namespace_annotations}}),
+        );
+        c.pod("pod1", pod_annotations.clone());
+        let ns = Netns::new();
+        let cid = container_id();
+        let args = format!(
+            "K8S_POD_NAMESPACE={};K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid}",
+            c.ns
+        );
+        let out = c.setup.run_with(
+            "ADD",
+            &cid,
+            &ns.path(),
+            "eth0",
+            &c.conf,
+            &[("CNI_ARGS", &args), ("CNI_PATH", &cni_path)],
+        );
+        assert_eq!(out.code, 1, "{pod_annotations}");
+        let msg = out.json()["msg"].as_str().unwrap().to_string();
+        assert!(
+            msg.contains(expect),
+            "{namespace_annotations} {pod_annotations}: {msg}"
+        );
+        assert!(!host_link_exists(&c.veth("pod1")));
+        assert!(c.annotations("pod1").get(POD_IP).is_none());
+    }
+}

@@ -365,10 +365,18 @@ pub fn apply_pool_annotations(
     }
 
     let mut updates: Vec<(&str, Value)> = Vec::new();
-    for (key, raw) in [("ipv4_pools", v4_pools), ("ipv6_pools", v6_pools)] {
+    for (key, annotation, raw) in [
+        ("ipv4_pools", ANNOTATION_IPV4_POOLS, v4_pools),
+        ("ipv6_pools", ANNOTATION_IPV6_POOLS, v6_pools),
+    ] {
         if let Some(raw) = raw {
-            let pools = serde_json::from_str::<Option<Vec<String>>>(raw)
-                .map_err(|e| RuleError(e.to_string()))?;
+            // Calico returns the bare JSON error; the annotation's name is
+            // what an operator needs to find the culprit.
+            let pools = serde_json::from_str::<Option<Vec<String>>>(raw).map_err(|e| {
+                RuleError(format!(
+                    "failed to parse {raw:?} for annotation {annotation:?}: {e}"
+                ))
+            })?;
             updates.push((key, json!(pools)));
         }
     }
@@ -1120,8 +1128,9 @@ mod tests {
         assert_eq!(conf, json!({"ipam": "not even a dict"}));
     }
 
+    /// JSON errors carry serde's text (and, for pools, the annotation's name).
     #[test]
-    fn pool_json_errors_are_raw() {
+    fn pool_json_errors_name_the_problem() {
         let serde_msg = |raw: &str| {
             serde_json::from_str::<Option<Vec<String>>>(raw)
                 .unwrap_err()
@@ -1134,11 +1143,11 @@ mod tests {
         ] {
             let pod = ann(&[(key, raw)]);
             let mut conf = calico_ipam();
-            assert_eq!(
-                err(apply_pool_annotations(&mut conf, &BTreeMap::new(), &pod)),
-                serde_msg(raw),
-                "{key}"
-            );
+            let got = err(apply_pool_annotations(&mut conf, &BTreeMap::new(), &pod));
+            assert!(got.ends_with(&serde_msg(raw)), "{key}: {got}");
+            if key != ANNOTATION_IP_FAMILIES {
+                assert!(got.contains(key), "{key}: {got}");
+            }
             assert_eq!(conf, calico_ipam());
         }
     }
