@@ -358,35 +358,35 @@ impl K8sClient {
             .expect("a GET request builds")
     }
 
+    /// GET of one object; 404 is `None`.
+    async fn get_object<T: DeserializeOwned>(
+        &self,
+        what: String,
+        path: String,
+    ) -> Result<Option<T>, K8sError> {
+        self.call(&what, self.send(Self::get(&path))).await
+    }
+
     pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, K8sError> {
         let path = format!(
             "/api/v1/namespaces/{}/pods/{}",
             segment(namespace)?,
             segment(name)?
         );
-        self.call(
-            &format!("error getting pod {namespace}/{name}"),
-            self.send(Self::get(&path)),
-        )
-        .await
+        self.get_object(format!("error getting pod {namespace}/{name}"), path)
+            .await
     }
 
     pub async fn namespace(&self, name: &str) -> Result<Option<Namespace>, K8sError> {
         let path = format!("/api/v1/namespaces/{}", segment(name)?);
-        self.call(
-            &format!("error getting namespace {name}"),
-            self.send(Self::get(&path)),
-        )
-        .await
+        self.get_object(format!("error getting namespace {name}"), path)
+            .await
     }
 
     pub async fn node(&self, name: &str) -> Result<Option<Node>, K8sError> {
         let path = format!("/api/v1/nodes/{}", segment(name)?);
-        self.call(
-            &format!("error getting node {name}"),
-            self.send(Self::get(&path)),
-        )
-        .await
+        self.get_object(format!("error getting node {name}"), path)
+            .await
     }
 
     /// Strategic-merge PATCH of a pod's `status` subresource; `Ok(None)`
@@ -436,11 +436,8 @@ impl K8sClient {
             "/apis/{CALICO_CRD_GROUP}/{CALICO_CRD_VERSION}/{plural}/{}",
             segment(name)?
         );
-        self.call(
-            &format!("error getting {kind}({name})"),
-            self.send(Self::get(&path)),
-        )
-        .await
+        self.get_object(format!("error getting {kind}({name})"), path)
+            .await
     }
 }
 
