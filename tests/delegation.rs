@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use calico_cni::cni::delegate::Delegate;
 use calico_cni::cni::env::Command;
 use calico_cni::cni::{CniResult, Version};
-use common::{CALICO, CNI_BIN, env_of, exec};
+use common::{CALICO, CNI_BIN, block_on, env_of, exec};
 use ipnet::IpNet;
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -21,14 +21,6 @@ fn have_host_local() -> bool {
     }
     eprintln!("skipping: {CNI_BIN}/host-local is not installed (containernetworking-plugins)");
     false
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
 }
 
 fn reservations(dir: &std::path::Path) -> Vec<String> {

@@ -10,29 +10,24 @@ use base64::Engine;
 use calico_cni::cni::NetConf;
 use calico_cni::k8s::{K8sClient, K8sError};
 use common::apiserver::{FakeApiServer, Fault};
+use common::block_on;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
+fn kubeconfig(dir: &std::path::Path, server: &str, auth: Value) -> std::path::PathBuf {
+    common::write_kubeconfig(dir, server, auth)
 }
 
-/// A kubeconfig for `server`; `auth` is the user's entry (token or tokenFile).
-fn kubeconfig(dir: &std::path::Path, server: &str, auth: Value) -> std::path::PathBuf {
-    let kc = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "users": [{"name": "u", "user": auth}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x"
-    });
-    let path = dir.join("calico-kubeconfig");
-    std::fs::write(&path, serde_json::to_string(&kc).unwrap()).unwrap();
-    path
+/// One pod GET through a fresh client that must fail; its error.
+fn pod_error(kubeconfig: &std::path::Path, deadline: Instant) -> K8sError {
+    block_on(async {
+        K8sClient::from_conf(&conf(kubeconfig), deadline)
+            .await
+            .unwrap()
+            .pod("test", "pod1")
+            .await
+            .unwrap_err()
+    })
 }
 
 fn conf(kubeconfig: &std::path::Path) -> NetConf {
@@ -142,14 +137,7 @@ fn an_expired_jwt_gets_a_distinct_error_naming_the_kubeconfig() {
     // A valid but rejected token says so, without "expired".
     let valid = jwt(SystemTime::now() + Duration::from_secs(3600));
     let kc = kubeconfig(dir.path(), &server.url(), json!({"token": valid}));
-    let err = block_on(async {
-        K8sClient::from_conf(&conf(&kc), soon())
-            .await
-            .unwrap()
-            .pod("test", "pod1")
-            .await
-            .unwrap_err()
-    });
+    let err = pod_error(&kc, soon());
     assert!(matches!(err, K8sError::Unauthorized(_)));
     assert!(!err.to_string().contains("expired at"), "{err}");
 }
@@ -162,12 +150,7 @@ fn a_hanging_or_failing_server_is_bounded_by_the_deadline() {
     let kc = kubeconfig(dir.path(), &server.url(), json!({"token": "t"}));
     server.set_fault(Fault::Hang);
     let started = std::time::Instant::now();
-    let err = block_on(async {
-        let client = K8sClient::from_conf(&conf(&kc), Instant::now() + Duration::from_millis(800))
-            .await
-            .unwrap();
-        client.pod("test", "pod1").await.unwrap_err()
-    });
+    let err = pod_error(&kc, Instant::now() + Duration::from_millis(800));
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "took {:?}",
@@ -176,26 +159,12 @@ fn a_hanging_or_failing_server_is_bounded_by_the_deadline() {
     assert!(matches!(err, K8sError::Timeout(_)), "{err}");
 
     server.set_fault(Fault::ServerError);
-    let err = block_on(async {
-        K8sClient::from_conf(&conf(&kc), soon())
-            .await
-            .unwrap()
-            .pod("test", "pod1")
-            .await
-            .unwrap_err()
-    });
+    let err = pod_error(&kc, soon());
     assert!(matches!(err, K8sError::Api(_)), "{err}");
 
     // Nothing listening at all.
     let kc = kubeconfig(dir.path(), "http://127.0.0.1:9", json!({"token": "t"}));
-    let err = block_on(async {
-        K8sClient::from_conf(&conf(&kc), soon())
-            .await
-            .unwrap()
-            .pod("test", "pod1")
-            .await
-            .unwrap_err()
-    });
+    let err = pod_error(&kc, soon());
     assert!(
         matches!(err, K8sError::Api(_) | K8sError::Timeout(_)),
         "{err}"

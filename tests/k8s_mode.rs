@@ -40,15 +40,7 @@ impl Cluster {
         let ns = format!("t{}", unique());
         server.put_namespace(json!({"metadata": {"name": ns, "annotations": {}}}));
         let setup = Setup::new("1.0.0", false);
-        let kubeconfig = setup.dir.path().join("calico-kubeconfig");
-        let kc = json!({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": server.url()}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "x"
-        });
-        std::fs::write(&kubeconfig, kc.to_string()).unwrap();
+        let kubeconfig = write_kubeconfig(setup.dir.path(), &server.url(), json!({"token": "t"}));
         let mut conf = setup.conf.clone();
         conf["datastore_type"] = json!(datastore);
         conf["policy"] = json!({"type": "k8s"});

@@ -596,8 +596,3 @@ fn delete_in_this_netns(ifname: &str) -> Result<CleanupOutcome, DataplaneError> 
 pub async fn delete_host_veth(name: &str) -> Result<bool, DataplaneError> {
     RtNetlink::connect()?.delete_link(name).await
 }
-
-/// Whether a host-side link of that name exists.
-pub async fn host_link_exists(name: &str) -> Result<bool, DataplaneError> {
-    Ok(RtNetlink::connect()?.link(name).await?.is_some())
-}

@@ -5,8 +5,6 @@
 //! delete clears podIP/podIPs under resourceVersion and uid preconditions.
 //! ClusterInformation is the `crd.projectcalico.org/v1` object `default`.
 
-use std::collections::BTreeMap;
-
 use crate::k8s::objects::Pod;
 use serde_json::json;
 
@@ -233,9 +231,4 @@ impl Datastore for KubernetesStore {
             profile.metadata.name
         )))
     }
-}
-
-/// Annotations of a pod as an ordered map (for the annotation rules).
-pub fn annotations_of(pod: &Pod) -> BTreeMap<String, String> {
-    pod.metadata.annotations.clone().unwrap_or_default()
 }

@@ -12,8 +12,8 @@ use crate::datastore::model::WorkloadEndpoint;
 use crate::k8s::K8sClient;
 use crate::k8s::rules::{
     AddressSource, address_source, allowed_source_prefixes, apply_pool_annotations,
-    container_routes, endpoint_for_pod, floating_ips, needs_pod_cidrs, release_pod_cidrs,
-    requested_mac, substitute_pod_cidrs,
+    container_routes, endpoint_for_pod, floating_ips, namespace_annotations, needs_pod_cidrs,
+    pod_annotations, release_pod_cidrs, requested_mac, substitute_pod_cidrs,
 };
 use crate::plugin::add::{Plan, add_endpoint, find_existing};
 use crate::plugin::{
@@ -80,7 +80,7 @@ pub async fn cmd_add_k8s(req: &Request, mtu: u32) -> Result<CniResult> {
     // The pod and its namespace (policy k8s only).
     let endpoint_name = existing.as_ref().map(|w| w.spec.endpoint.clone());
     let endpoint = endpoint_name.as_deref().unwrap_or(&req.env.ifname);
-    let (mut wep, namespace_annotations, pod_annotations) = if req.conf.k8s_policy() {
+    let (mut wep, ns_ann, pod_ann) = if req.conf.k8s_policy() {
         let ns = client
             .namespace(namespace)
             .await?
@@ -89,11 +89,7 @@ pub async fn cmd_add_k8s(req: &Request, mtu: u32) -> Result<CniResult> {
             Error::Kubernetes(format!("pod {namespace}/{pod_name} does not exist"))
         })?;
         let wep = endpoint_for_pod(&pod, &node, endpoint, interface_prefix(req).as_deref());
-        (
-            wep,
-            ns.metadata.annotations.unwrap_or_default(),
-            pod.metadata.annotations.unwrap_or_default(),
-        )
+        (wep, namespace_annotations(&ns), pod_annotations(&pod))
     } else {
         let mut ids = ids.clone();
         ids.endpoint = endpoint.to_string();
@@ -117,19 +113,19 @@ pub async fn cmd_add_k8s(req: &Request, mtu: u32) -> Result<CniResult> {
 
     // Annotation rules, all checked before anything is allocated.
     if req.conf.k8s_policy() && ipam_type == "calico-ipam" {
-        apply_pool_annotations(&mut ipam_config, &namespace_annotations, &pod_annotations)?;
+        apply_pool_annotations(&mut ipam_config, &ns_ann, &pod_ann)?;
     }
     let source = address_source(
-        &pod_annotations,
+        &pod_ann,
         &ipam_type,
         req.conf.feature_control.ip_addrs_no_ipam,
     )?;
-    let container_mac = requested_mac(&pod_annotations)?;
-    wep.spec.allow_spoofed_source_prefixes = allowed_source_prefixes(&pod_annotations)?;
+    let container_mac = requested_mac(&pod_ann)?;
+    wep.spec.allow_spoofed_source_prefixes = allowed_source_prefixes(&pod_ann)?;
     let floating_enabled = req.conf.feature_control.floating_ips;
     // An unusable floatingIPs annotation fails before any allocation.
-    floating_ips(&pod_annotations, floating_enabled, &[])?;
-    let finalize_annotations = pod_annotations.clone();
+    floating_ips(&pod_ann, floating_enabled, &[])?;
+    let finalize_annotations = pod_ann.clone();
     let finalize = Box::new(move |wep: &mut WorkloadEndpoint, ips: &[ipnet::IpNet]| {
         wep.spec.ip_nats = floating_ips(&finalize_annotations, floating_enabled, ips)?;
         Ok(())

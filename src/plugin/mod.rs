@@ -165,14 +165,10 @@ pub fn host_prefix(ip: &IpNet) -> IpNet {
 
 /// The container's routes in plain-CNI mode: a default route per family.
 pub fn default_routes(ips: &[IpNet]) -> Vec<IpNet> {
-    let mut out = Vec::new();
-    if ips.iter().any(|ip| ip.addr().is_ipv4()) {
-        out.push("0.0.0.0/0".parse().expect("valid"));
-    }
-    if ips.iter().any(|ip| ip.addr().is_ipv6()) {
-        out.push("::/0".parse().expect("valid"));
-    }
-    out
+    crate::k8s::rules::default_routes(
+        ips.iter().any(|ip| ip.addr().is_ipv4()),
+        ips.iter().any(|ip| ip.addr().is_ipv6()),
+    )
 }
 
 fn datastore_err(what: &str) -> impl Fn(DatastoreError) -> Error + '_ {

@@ -311,3 +311,27 @@ pub fn host_veth(container: &str) -> String {
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// Runs a future to completion on a fresh current-thread runtime.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// Writes `dir/calico-kubeconfig` for API server `server`; `auth` is the
+/// user's entry (`{"token": ..}` or `{"tokenFile": ..}`).
+pub fn write_kubeconfig(dir: &Path, server: &str, auth: Value) -> PathBuf {
+    let kc = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": auth}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x"
+    });
+    let path = dir.join("calico-kubeconfig");
+    std::fs::write(&path, kc.to_string()).unwrap();
+    path
+}
