@@ -1,0 +1,31 @@
+//! Link options of the release `calico` binary.
+//!
+//! A CNI plugin is a short-lived process whose resident set is mostly the
+//! text pages its code touches, so the functions an invocation runs are
+//! packed together at the start of .text (link/symbol-order.txt, made by
+//! scripts/symbol-order.sh; rustc links this target with its bundled lld).
+//! The binary is stripped here rather than by the profile, whose settings
+//! are part of every symbol's hash: scripts/symbol-order.sh builds with
+//! `CALICO_LINK_KEEP_SYMBOLS=1` and sees exactly the names this link orders.
+
+fn main() {
+    let order = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("link/symbol-order.txt");
+    println!("cargo::rerun-if-changed={}", order.display());
+    println!("cargo::rerun-if-env-changed=CALICO_LINK_KEEP_SYMBOLS");
+    let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
+    let lld = std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu");
+    if !release {
+        return;
+    }
+    if lld && order.exists() {
+        println!(
+            "cargo::rustc-link-arg-bin=calico=-Wl,--symbol-ordering-file={}",
+            order.display()
+        );
+        // Names this build no longer has (another crate version) are skipped.
+        println!("cargo::rustc-link-arg-bin=calico=-Wl,--no-warn-symbol-ordering");
+    }
+    if std::env::var_os("CALICO_LINK_KEEP_SYMBOLS").is_none() {
+        println!("cargo::rustc-link-arg-bin=calico=-Wl,--strip-all");
+    }
+}
