@@ -10,8 +10,10 @@
 //! every pod once from the host, DEL each, then count leaks (host veths,
 //! host routes, IP reservations, WorkloadEndpoints). Also measured in the
 //! same run: the floors (exec of /bin/true; the kernel's cost of creating
-//! and of deleting one veth pair across namespaces) and the peak RSS of
-//! single ADD and DEL calls. `--smoke` (N=10, C=1,8) exits non-zero on any
+//! and of deleting one veth pair across namespaces; and in every round, next
+//! to the plugins' DELs, the kernel's delete of N pods' pairs made and pinged
+//! as the plugins' pods are) and the peak RSS of single ADD and DEL calls
+//! (the largest of several). `--smoke` (N=10, C=1,8) exits non-zero on any
 //! failure or leak.
 
 use std::collections::HashMap;
@@ -28,6 +30,10 @@ use calico_cni::dataplane::netns::NetNs;
 use serde_json::{Value, json};
 
 const CNI_BIN: &str = "/usr/lib/cni";
+/// The row label of the kernel's delete of pods' veth pairs in each round.
+const POD_FLOOR: &str = "kernel: delete a pod's veth pair";
+/// Single ADD and DEL calls whose peak RSS is read, per plugin.
+const RSS_CALLS: usize = 5;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
@@ -152,6 +158,7 @@ fn percentile(sorted: &[Duration], p: usize) -> Duration {
 struct Stats {
     n: usize,
     failures: usize,
+    mean: Duration,
     p50: Duration,
     p90: Duration,
     p99: Duration,
@@ -165,6 +172,7 @@ fn stats(samples: &[Sample], wall: Duration) -> Stats {
     Stats {
         n: samples.len(),
         failures: samples.iter().filter(|s| !s.ok).count(),
+        mean: t.iter().sum::<Duration>() / (t.len().max(1) as u32),
         p50: percentile(&t, 50),
         p90: percentile(&t, 90),
         p99: percentile(&t, 99),
@@ -273,13 +281,7 @@ fn round(p: &Plugin, n: usize, conc: usize, tag: &str) -> Round {
                 .as_str()
                 .map(|a| a.split('/').next().unwrap_or("").to_string())
         });
-        let ok = ip.is_some_and(|ip| {
-            Command::new("ping")
-                .args(["-c1", "-W1", &ip])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|st| st.success())
-        });
+        let ok = ip.is_some_and(|ip| ping(&ip));
         if !ok {
             ping_failures += 1;
         }
@@ -305,11 +307,9 @@ fn round(p: &Plugin, n: usize, conc: usize, tag: &str) -> Round {
     }
 }
 
-/// The floors: exec of /bin/true; the kernel creating / deleting one veth
-/// pair with one end in another namespace (one netlink request each); and
-/// deleting a pair configured as a pod's (up, address, routes), which is
-/// what every CNI DEL must have the kernel do.
-fn floors(n: usize) -> (Stats, Stats, Stats, Stats) {
+/// The floors: exec of /bin/true, and the kernel creating / deleting one
+/// veth pair with one end in another namespace (one netlink request each).
+fn floors(n: usize) -> (Stats, Stats, Stats) {
     let (execs, wall) = phase(n, 1, |_| invoke(Path::new("/bin/true"), &[], b""));
     let exec = stats(&execs, wall);
     let tag = format!("bf{}", std::process::id());
@@ -317,11 +317,7 @@ fn floors(n: usize) -> (Stats, Stats, Stats, Stats) {
     let netns = NetNs::open(Path::new(&format!("/var/run/netns/{tag}")))
         .unwrap()
         .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (create, delete, configured_delete) = rt.block_on(async {
+    let (create, delete) = runtime().block_on(async {
         let host = RtNetlink::connect().unwrap();
         let (mut c, mut d) = (Vec::new(), Vec::new());
         for i in 0..n {
@@ -339,33 +335,42 @@ fn floors(n: usize) -> (Stats, Stats, Stats, Stats) {
                 })
                 .await
                 .is_ok();
-            c.push(Sample {
-                ok,
-                elapsed: started.elapsed(),
-                max_rss_kib: 0,
-                stdout: String::new(),
-            });
+            c.push(timed(ok, started));
         }
         for i in 0..n {
             let started = Instant::now();
             let ok = host.delete_link(&format!("bfl{i}")).await.unwrap_or(false);
-            d.push(Sample {
-                ok,
-                elapsed: started.elapsed(),
-                max_rss_kib: 0,
-                stdout: String::new(),
-            });
+            d.push(timed(ok, started));
         }
-        // A pod's pair: made by the dataplane exactly as an ADD makes it.
-        let pod = PodNetwork::open(Path::new(&format!("/var/run/netns/{tag}")))
-            .unwrap()
-            .unwrap();
-        let mut configured = Vec::new();
+        (c, d)
+    });
+    sh("ip", &["netns", "del", &tag]);
+    let total = |s: &[Sample]| s.iter().map(|x| x.elapsed).sum::<Duration>();
+    (
+        exec,
+        stats(&create, total(&create)),
+        stats(&delete, total(&delete)),
+    )
+}
+
+/// The kernel's part of a DEL, measured in each round next to the plugins'
+/// DELs: N pods' veth pairs, each in its own netns, made by our dataplane
+/// exactly as an ADD makes them (up, address, routes, sysctls) and pinged
+/// once, as the plugins' pods are; then each pair deleted (one netlink
+/// request from the host; only the delete is timed).
+fn pod_pair_deletes(n: usize, tag: &str) -> Vec<Sample> {
+    let samples = runtime().block_on(async {
+        let host = RtNetlink::connect().unwrap();
+        let mut pods = Vec::new();
         for i in 0..n {
+            let path = format!("/var/run/netns/{tag}-{i}");
+            sh("ip", &["netns", "add", &format!("{tag}-{i}")]);
+            let pod = PodNetwork::open(Path::new(&path)).unwrap().unwrap();
+            let ip = format!("10.243.{}.{}", i / 250, i % 250 + 1);
             let req = Networking {
                 ifname: "eth0".into(),
                 host_veth: format!("bfc{i}"),
-                ips: vec![format!("10.243.0.{}/32", i % 250 + 1).parse().unwrap()],
+                ips: vec![format!("{ip}/32").parse().unwrap()],
                 routes: vec!["0.0.0.0/0".parse().unwrap()],
                 mtu: 0,
                 queues: 1,
@@ -375,25 +380,46 @@ fn floors(n: usize) -> (Stats, Stats, Stats, Stats) {
                 deadline: tokio::time::Instant::now() + Duration::from_secs(10),
             };
             pod.add(&req).await.unwrap();
-            let started = Instant::now();
-            let ok = host.delete_link(&req.host_veth).await.unwrap_or(false);
-            configured.push(Sample {
-                ok,
-                elapsed: started.elapsed(),
-                max_rss_kib: 0,
-                stdout: String::new(),
-            });
+            pods.push((req.host_veth, ip));
         }
-        (c, d, configured)
+        // A pod that does not answer counts as a failure of the floor.
+        let answered: Vec<bool> = pods.iter().map(|(_, ip)| ping(ip)).collect();
+        let mut samples = Vec::new();
+        for ((veth, _), answered) in pods.iter().zip(answered) {
+            let started = Instant::now();
+            let ok = host.delete_link(veth).await.unwrap_or(false);
+            samples.push(timed(ok && answered, started));
+        }
+        samples
     });
-    sh("ip", &["netns", "del", &tag]);
-    let total = |s: &[Sample]| s.iter().map(|x| x.elapsed).sum::<Duration>();
-    (
-        exec,
-        stats(&create, total(&create)),
-        stats(&delete, total(&delete)),
-        stats(&configured_delete, total(&configured_delete)),
-    )
+    for i in 0..n {
+        sh("ip", &["netns", "del", &format!("{tag}-{i}")]);
+    }
+    samples
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn timed(ok: bool, started: Instant) -> Sample {
+    Sample {
+        ok,
+        elapsed: started.elapsed(),
+        max_rss_kib: 0,
+        stdout: String::new(),
+    }
+}
+
+fn ping(ip: &str) -> bool {
+    Command::new("ping")
+        .args(["-c1", "-W1", ip])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|st| st.success())
 }
 
 fn plugins(work: &Path) -> Vec<Plugin> {
@@ -469,16 +495,12 @@ fn run() -> Result<(), Failure> {
         std::fs::read_to_string("/proc/loadavg")?.trim()
     );
 
-    let (exec, create, delete, configured_delete) = floors(o.n);
+    let (exec, create, delete) = floors(o.n);
     println!("\n| floor | n | p50 ms | p90 ms | p99 ms | max ms |\n|---|---|---|---|---|---|");
     for (name, s) in [
         ("exec /bin/true", &exec),
         ("kernel: create veth pair across netns", &create),
         ("kernel: delete that fresh veth pair", &delete),
-        (
-            "kernel: delete a pod's veth pair (up, address, routes)",
-            &configured_delete,
-        ),
     ] {
         println!(
             "| {name} | {} | {} | {} | {} | {} |",
@@ -494,9 +516,19 @@ fn run() -> Result<(), Failure> {
         "\n| plugin | conc | op | n | fail | p50 ms | p90 ms | p99 ms | max ms | ops/s |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     let mut results: HashMap<(&str, usize), Vec<Round>> = HashMap::new();
+    let mut pod_floor = Vec::new();
     let mut bad = false;
     for r in 0..o.rounds {
         for &conc in &o.concs {
+            if conc == o.concs[0] {
+                let tag = format!("bk{}{r}", std::process::id() % 10000);
+                let samples = pod_pair_deletes(o.n, &tag);
+                let total = samples.iter().map(|x| x.elapsed).sum::<Duration>();
+                let s = stats(&samples, total);
+                row(POD_FLOOR, conc, "DEL", &s);
+                bad |= s.failures > 0;
+                pod_floor.push(s);
+            }
             for p in &plugins {
                 let tag = format!("b{}{}{r}{conc}", std::process::id() % 10000, &p.label[..1]);
                 let res = round(p, o.n, conc, &tag);
@@ -518,20 +550,45 @@ fn run() -> Result<(), Failure> {
     }
     std::fs::write("/proc/sys/net/ipv4/ip_forward", fwd.trim())?;
 
-    // Peak RSS of single calls.
-    println!("\n| plugin | op | max RSS KiB (incl. the host-local child) |\n|---|---|---|");
+    // Peak RSS of single calls: the largest of RSS_CALLS calls of each.
+    println!(
+        "\n| plugin | op | calls | max RSS KiB (incl. the host-local child) | median KiB |\n|---|---|---|---|---|"
+    );
     let mut rss = HashMap::new();
     for p in &plugins {
-        let tag = format!("br{}{}", std::process::id() % 10000, &p.label[..1]);
-        sh("ip", &["netns", "add", &format!("{tag}-0")]);
         for op in ["ADD", "DEL"] {
-            let s = cni(p, op, 0, &tag);
-            bad |= !s.ok;
-            println!("| {} | {op} | {} |", p.label, s.max_rss_kib);
-            rss.insert((p.label, op), s.max_rss_kib);
+            rss.insert((p.label, op), Vec::new());
         }
-        sh("ip", &["netns", "del", &format!("{tag}-0")]);
+        for k in 0..RSS_CALLS {
+            let tag = format!("br{}{}{k}", std::process::id() % 10000, &p.label[..1]);
+            sh("ip", &["netns", "add", &format!("{tag}-0")]);
+            for op in ["ADD", "DEL"] {
+                let s = cni(p, op, 0, &tag);
+                bad |= !s.ok;
+                rss.get_mut(&(p.label, op)).unwrap().push(s.max_rss_kib);
+            }
+            sh("ip", &["netns", "del", &format!("{tag}-0")]);
+        }
+        for op in ["ADD", "DEL"] {
+            let v = rss.get_mut(&(p.label, op)).unwrap();
+            v.sort();
+            println!(
+                "| {} | {op} | {} | {} | {} |",
+                p.label,
+                v.len(),
+                v[v.len() - 1],
+                v[v.len() / 2]
+            );
+        }
     }
+    let peak = |label: &str| {
+        ["ADD", "DEL"]
+            .iter()
+            .filter_map(|op| rss[&(label, *op)].last())
+            .max()
+            .copied()
+            .unwrap_or(0)
+    };
 
     // Ratios (medians over rounds of each round's figure).
     let median = |v: &mut Vec<f64>| {
@@ -554,23 +611,38 @@ fn run() -> Result<(), Failure> {
     let cmax = *o.concs.iter().max().unwrap();
     let add_ratio =
         fig(ours, c1, &|r| r.add.p50.as_secs_f64()) / fig(peer, c1, &|r| r.add.p50.as_secs_f64());
-    let del_ratio =
-        fig(ours, c1, &|r| r.del.p50.as_secs_f64()) / configured_delete.p50.as_secs_f64();
+    // Each round's DEL against the kernel's delete measured in that round.
+    let mut per_round: Vec<f64> = results[&(ours, c1)]
+        .iter()
+        .zip(&pod_floor)
+        .map(|(r, f)| r.del.p50.as_secs_f64() / f.p50.as_secs_f64())
+        .collect();
+    let del_ratio = median(&mut per_round);
+    // The kernel's delete ends on a scheduler tick, so p50s move in ticks;
+    // the means show the same comparison without that step.
+    let mut per_round_mean: Vec<f64> = results[&(ours, c1)]
+        .iter()
+        .zip(&pod_floor)
+        .map(|(r, f)| r.del.mean.as_secs_f64() / f.mean.as_secs_f64())
+        .collect();
+    let del_ratio_mean = median(&mut per_round_mean);
     let del_ratio_fresh = fig(ours, c1, &|r| r.del.p50.as_secs_f64()) / delete.p50.as_secs_f64();
     let tput_ratio = fig(ours, cmax, &|r| r.add.ops_per_s) / fig(peer, cmax, &|r| r.add.ops_per_s);
-    let rss_ratio = rss[&(ours, "ADD")].max(rss[&(ours, "DEL")]) as f64
-        / rss[&(peer, "ADD")].max(rss[&(peer, "DEL")]) as f64;
+    let rss_ratio = peak(ours) as f64 / peak(peer) as f64;
     let size = std::fs::metadata(&plugins[1].binary)?.len();
     println!("\n| ratio | value | target |\n|---|---|---|");
     println!("| ADD p50, ours / ptp (conc {c1}) | {add_ratio:.2} | <= 0.75 |");
     println!(
-        "| DEL p50, ours / kernel delete of a pod's veth pair (conc {c1}) | {del_ratio:.2} | <= 1.15 |"
+        "| DEL p50, ours / kernel delete of a pod's veth pair, same round (conc {c1}) | {del_ratio:.2} | <= 1.15 |"
+    );
+    println!(
+        "| DEL mean, ours / kernel delete of a pod's veth pair, same round (conc {c1}) | {del_ratio_mean:.2} | (reference) |"
     );
     println!(
         "| DEL p50, ours / kernel delete of a fresh veth pair (conc {c1}) | {del_ratio_fresh:.2} | (reference) |"
     );
     println!("| ADD throughput, ours / ptp (conc {cmax}) | {tput_ratio:.2} | >= 1.5 |");
-    println!("| peak RSS per call, ours / ptp | {rss_ratio:.2} | <= 1.0 |");
+    println!("| peak RSS per call (max of {RSS_CALLS}), ours / ptp | {rss_ratio:.2} | <= 1.0 |");
     println!(
         "| calico binary size | {:.2} MB ({size} bytes) | <= 8 MB |",
         size as f64 / 1e6
