@@ -181,6 +181,11 @@ fn stats(samples: &[Sample], wall: Duration) -> Stats {
     }
 }
 
+/// Stats of samples taken one after another (the wall time is their sum).
+fn sequential_stats(samples: &[Sample]) -> Stats {
+    stats(samples, samples.iter().map(|s| s.elapsed).sum())
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1000.0)
 }
@@ -345,12 +350,7 @@ fn floors(n: usize) -> (Stats, Stats, Stats) {
         (c, d)
     });
     sh("ip", &["netns", "del", &tag]);
-    let total = |s: &[Sample]| s.iter().map(|x| x.elapsed).sum::<Duration>();
-    (
-        exec,
-        stats(&create, total(&create)),
-        stats(&delete, total(&delete)),
-    )
+    (exec, sequential_stats(&create), sequential_stats(&delete))
 }
 
 /// The kernel's part of a DEL, measured in each round next to the plugins'
@@ -522,9 +522,7 @@ fn run() -> Result<(), Failure> {
         for &conc in &o.concs {
             if conc == o.concs[0] {
                 let tag = format!("bk{}{r}", std::process::id() % 10000);
-                let samples = pod_pair_deletes(o.n, &tag);
-                let total = samples.iter().map(|x| x.elapsed).sum::<Duration>();
-                let s = stats(&samples, total);
+                let s = sequential_stats(&pod_pair_deletes(o.n, &tag));
                 row(POD_FLOOR, conc, "DEL", &s);
                 bad |= s.failures > 0;
                 pod_floor.push(s);
@@ -611,21 +609,19 @@ fn run() -> Result<(), Failure> {
     let cmax = *o.concs.iter().max().unwrap();
     let add_ratio =
         fig(ours, c1, &|r| r.add.p50.as_secs_f64()) / fig(peer, c1, &|r| r.add.p50.as_secs_f64());
-    // Each round's DEL against the kernel's delete measured in that round.
-    let mut per_round: Vec<f64> = results[&(ours, c1)]
-        .iter()
-        .zip(&pod_floor)
-        .map(|(r, f)| r.del.p50.as_secs_f64() / f.p50.as_secs_f64())
-        .collect();
-    let del_ratio = median(&mut per_round);
-    // The kernel's delete ends on a scheduler tick, so p50s move in ticks;
-    // the means show the same comparison without that step.
-    let mut per_round_mean: Vec<f64> = results[&(ours, c1)]
-        .iter()
-        .zip(&pod_floor)
-        .map(|(r, f)| r.del.mean.as_secs_f64() / f.mean.as_secs_f64())
-        .collect();
-    let del_ratio_mean = median(&mut per_round_mean);
+    // Each round's DEL against the kernel's delete measured in that round
+    // (median over rounds). The kernel's delete ends on a scheduler tick, so
+    // p50s move in ticks; the means show the same comparison without that step.
+    let against_floor = |figure: fn(&Stats) -> Duration| {
+        let mut v: Vec<f64> = results[&(ours, c1)]
+            .iter()
+            .zip(&pod_floor)
+            .map(|(r, f)| figure(&r.del).as_secs_f64() / figure(f).as_secs_f64())
+            .collect();
+        median(&mut v)
+    };
+    let del_ratio = against_floor(|s| s.p50);
+    let del_ratio_mean = against_floor(|s| s.mean);
     let del_ratio_fresh = fig(ours, c1, &|r| r.del.p50.as_secs_f64()) / delete.p50.as_secs_f64();
     let tput_ratio = fig(ours, cmax, &|r| r.add.ops_per_s) / fig(peer, cmax, &|r| r.add.ops_per_s);
     let rss_ratio = peak(ours) as f64 / peak(peer) as f64;

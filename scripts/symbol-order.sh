@@ -30,10 +30,15 @@ export CARGO_TARGET_DIR=target/symbol-order
 bin=$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/calico
 order=link/symbol-order.txt
 
-# One round of invocations at each log level; WRAPPER (valgrind or nothing)
-# runs each one. Results go to $work.
+# One invocation, run by WRAPPER... (valgrind, or nothing); stdout to $work/out.
+cni() { # verb netns stdin wrapper...
+  CNI_COMMAND=$1 CNI_CONTAINERID=symorder CNI_NETNS=$2 CNI_IFNAME=eth0 \
+    CNI_PATH=/usr/lib/cni "${@:4}" "$bin" <<<"$3" >"$work/out" 2>/dev/null || true
+}
+
+# Each round: every invocation at the default and at the debug log level.
 workloads() { # rounds wrapper...
-  local rounds=$1 result conf level i=0
+  local rounds=$1 result conf level
   shift
   for _ in $(seq "$rounds"); do
     for level in info debug; do
@@ -41,11 +46,6 @@ workloads() { # rounds wrapper...
        "log_level":"'$level'","log_file_path":"'$work'/cni.log",
        "local_datastore_path":"'$work'/store.db","mtu_file":"'$work'/mtu",
        "ipam":{"type":"host-local","subnet":"10.250.0.0/24","dataDir":"'$work'/ipam"}}'
-      cni() { # verb netns stdin
-        i=$((i + 1))
-        CNI_COMMAND=$1 CNI_CONTAINERID=symorder CNI_NETNS=$2 CNI_IFNAME=eth0 \
-          CNI_PATH=/usr/lib/cni "${@:4}" "$bin" <<<"$3" >"$work/out" 2>/dev/null || true
-      }
       ip netns add "$ns"
       cni VERSION "" "$conf" "$@"
       cni ADD "/var/run/netns/$ns" "$conf" "$@"
