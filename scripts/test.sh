@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
 # The whole test suite, as root on a fresh Debian 12 machine: installs what
-# the tests need, then lint, unit, integration (real netns) and smoke runs.
+# the tests need, builds the real peers (scripts/peers.sh, cached), starts
+# the test bed (scripts/testbed.sh: etcd, kube-apiserver,
+# kube-controller-manager on loopback), then lint, unit, integration (real
+# netns, real API server, containerd) and smoke runs; the test bed is
+# stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 [ "$(id -u)" = 0 ] || { echo "run as root: the tests create network namespaces" >&2; exit 1; }
+t0=$SECONDS
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-  iproute2 iputils-ping containernetworking-plugins time sqlite3 >/dev/null
+  iproute2 iputils-ping containernetworking-plugins time sqlite3 \
+  openssl curl jq runc iptables >/dev/null
 bash scripts/install-cnitool.sh
+
+bash scripts/peers.sh
+echo "test.sh: peers ready at $((SECONDS - t0)) s"
+trap 'bash scripts/testbed.sh down' EXIT
+bash scripts/testbed.sh up
+eval "$(bash scripts/testbed.sh env)"
+echo "test.sh: test bed up at $((SECONDS - t0)) s"
 
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets --features fault-injection -- -D warnings
 cargo test --locked --features fault-injection
+echo "test.sh: tests done at $((SECONDS - t0)) s"
 # The benchmark harness in a small configuration: fails on any failure or leak.
 cargo build --locked --release --bins --examples
 cargo run --locked --release --example bench -- --smoke
+echo "test.sh: all done in $((SECONDS - t0)) s"

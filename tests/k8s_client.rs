@@ -1,33 +1,28 @@
-//! The Kubernetes client against the in-repo test API server: kubeconfig
-//! and overrides, token rotation through a tokenFile, the distinct error for
-//! a rejected or expired JWT, and requests bounded by the deadline.
+//! The Kubernetes client against the test bed's real kube-apiserver, with
+//! the CNI's own ServiceAccount token and RBAC: kubeconfig and overrides,
+//! token rotation through a tokenFile, the distinct errors for a rejected,
+//! revoked or expired token, and, through the fault proxy, requests bounded
+//! by the deadline.
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use base64::Engine;
 use calico_cni::cni::NetConf;
 use calico_cni::k8s::{K8sClient, K8sError};
-use common::apiserver::{FakeApiServer, Fault};
 use common::block_on;
+use common::faultproxy::{Fault, FaultProxy, Rule};
+use common::testbed::{Namespace, Testbed, testbed};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-fn kubeconfig(dir: &std::path::Path, server: &str, auth: Value) -> std::path::PathBuf {
-    common::write_kubeconfig(dir, server, auth)
-}
-
-/// One pod GET through a fresh client that must fail; its error.
-fn pod_error(kubeconfig: &std::path::Path, deadline: Instant) -> K8sError {
-    block_on(async {
-        K8sClient::from_conf(&conf(kubeconfig), deadline)
-            .await
-            .unwrap()
-            .pod("test", "pod1")
-            .await
-            .unwrap_err()
-    })
+/// The test bed and a namespace with a pod `pod1` in it.
+fn bed_with_pod(test: &str) -> Option<(&'static Testbed, Namespace)> {
+    let bed = testbed(test)?;
+    let ns = bed.namespace(json!({}), json!({}));
+    ns.create_pod(json!({"metadata": {"name": "pod1"},
+        "spec": {"nodeName": "node1", "containers": [{"name": "c", "image": "i"}]}}));
+    Some((bed, ns))
 }
 
 fn conf(kubeconfig: &std::path::Path) -> NetConf {
@@ -38,133 +33,221 @@ fn conf(kubeconfig: &std::path::Path) -> NetConf {
     .unwrap()
 }
 
-fn jwt(exp: SystemTime) -> String {
-    let enc = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
-    let exp = exp.duration_since(UNIX_EPOCH).unwrap().as_secs();
-    format!(
-        "{}.{}.signature",
-        enc(json!({"alg": "RS256"})),
-        enc(json!({"exp": exp, "sub": "system:serviceaccount:kube-system:calico-cni-plugin"}))
-    )
-}
-
 fn soon() -> Instant {
     Instant::now() + Duration::from_secs(5)
 }
 
-fn with_pod(server: &FakeApiServer) {
-    server.put_namespace(
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "test"}}),
-    );
-    server.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "pod1", "namespace": "test"}, "spec": {"containers": [{"name": "c", "image": "i"}], "nodeName": "node1"}}));
+/// One pod GET through a fresh client; its outcome.
+fn get_pod(kubeconfig: &std::path::Path, ns: &str, deadline: Instant) -> Result<bool, K8sError> {
+    block_on(async {
+        let client = K8sClient::from_conf(&conf(kubeconfig), deadline).await?;
+        Ok(client.pod(ns, "pod1").await?.is_some())
+    })
+}
+
+fn token_kubeconfig(bed: &Testbed, dir: &std::path::Path, user: Value) -> std::path::PathBuf {
+    bed.kubeconfig(dir, "kubeconfig", bed.api(), user)
 }
 
 #[test]
-fn reads_pods_and_namespaces_with_the_kubeconfig_token() {
-    let server = FakeApiServer::start();
-    with_pod(&server);
-    server.require_token(Some("good-token"));
-    let dir = tempfile::tempdir().unwrap();
-    let kc = kubeconfig(dir.path(), &server.url(), json!({"token": "good-token"}));
+fn reads_pods_and_namespaces_with_the_cni_token() {
+    let Some((bed, ns)) = bed_with_pod("reads_pods_and_namespaces_with_the_cni_token") else {
+        return;
+    };
     block_on(async {
-        let client = K8sClient::from_conf(&conf(&kc), soon()).await.unwrap();
-        let pod = client.pod("test", "pod1").await.unwrap().expect("pod");
+        let client = K8sClient::from_conf(&conf(&bed.cni_kubeconfig()), soon())
+            .await
+            .unwrap();
+        let pod = client.pod(&ns.name, "pod1").await.unwrap().expect("pod");
         assert_eq!(pod.metadata.name.as_deref(), Some("pod1"));
-        assert!(client.pod("test", "absent").await.unwrap().is_none());
-        assert!(client.namespace("test").await.unwrap().is_some());
+        assert!(client.pod(&ns.name, "absent").await.unwrap().is_none());
+        assert!(client.namespace(&ns.name).await.unwrap().is_some());
     });
 }
 
 #[test]
+fn a_request_the_role_does_not_allow_is_refused() {
+    let Some((bed, ns)) = bed_with_pod("a_request_the_role_does_not_allow_is_refused") else {
+        return;
+    };
+    // The CNI's role may not read FelixConfigurations: the API server says no.
+    let err = block_on(async {
+        let client = K8sClient::from_conf(&conf(&bed.cni_kubeconfig()), soon())
+            .await
+            .unwrap();
+        client
+            .calico_resource("FelixConfiguration", "felixconfigurations", "default")
+            .await
+            .unwrap_err()
+    });
+    let msg = err.to_string();
+    assert!(msg.contains("forbidden"), "{msg}");
+    assert!(msg.contains("403"), "{msg}");
+    drop(ns);
+}
+
+#[test]
 fn api_root_and_token_overrides_win() {
-    let server = FakeApiServer::start();
-    with_pod(&server);
-    server.require_token(Some("override-token"));
+    let Some((bed, ns)) = bed_with_pod("api_root_and_token_overrides_win") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    // The kubeconfig points nowhere and carries another token.
-    let kc = kubeconfig(dir.path(), "http://127.0.0.1:9", json!({"token": "stale"}));
+    // The kubeconfig points nowhere and carries a stale token.
+    let kc = bed.kubeconfig(
+        dir.path(),
+        "kubeconfig",
+        "https://127.0.0.1:9",
+        json!({"token": "stale"}),
+    );
     let mut c = conf(&kc);
-    c.kubernetes.k8s_api_root = format!("{}/api/v1/", server.url());
-    c.policy.k8s_auth_token = "override-token".into();
+    c.kubernetes.k8s_api_root = format!("{}/api/v1/", bed.api());
+    c.policy.k8s_auth_token = bed.cni_token();
     block_on(async {
         let client = K8sClient::from_conf(&c, soon()).await.unwrap();
-        assert!(client.pod("test", "pod1").await.unwrap().is_some());
+        assert!(client.pod(&ns.name, "pod1").await.unwrap().is_some());
     });
 }
 
 #[test]
 fn a_rotated_token_file_is_used_by_the_next_call() {
-    let server = FakeApiServer::start();
-    with_pod(&server);
+    let Some((bed, ns)) = bed_with_pod("a_rotated_token_file_is_used_by_the_next_call") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "first\n").unwrap();
-    let kc = kubeconfig(dir.path(), &server.url(), json!({"tokenFile": token_file}));
-    block_on(async {
-        server.require_token(Some("first"));
-        let client = K8sClient::from_conf(&conf(&kc), soon()).await.unwrap();
-        assert!(client.pod("test", "pod1").await.unwrap().is_some());
-        // The token is rotated between two invocations.
-        std::fs::write(&token_file, "second\n").unwrap();
-        server.require_token(Some("second"));
-        let client = K8sClient::from_conf(&conf(&kc), soon()).await.unwrap();
-        assert!(client.pod("test", "pod1").await.unwrap().is_some());
-    });
+    let kc = token_kubeconfig(bed, dir.path(), json!({"tokenFile": token_file}));
+    std::fs::write(&token_file, "not-a-token\n").unwrap();
+    let err = get_pod(&kc, &ns.name, soon()).unwrap_err();
+    assert!(matches!(err, K8sError::Unauthorized(_)), "{err}");
+    assert!(err.to_string().contains("tokenFile"), "{err}");
+    // Rotated between two invocations: each reads the file afresh.
+    for _ in 0..2 {
+        let token = bed.token("kube-system", "calico-cni-plugin", 600);
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        assert!(get_pod(&kc, &ns.name, soon()).unwrap());
+    }
 }
 
 #[test]
-fn an_expired_jwt_gets_a_distinct_error_naming_the_kubeconfig() {
-    let server = FakeApiServer::start();
-    with_pod(&server);
-    server.require_token(Some("some-other-token"));
+fn a_deleted_service_account_is_rejected_naming_the_kubeconfig() {
+    let Some((bed, ns)) = bed_with_pod("a_deleted_service_account_is_rejected") else {
+        return;
+    };
+    let sa = bed.service_account("kube-system", bed.cni_rules());
     let dir = tempfile::tempdir().unwrap();
-    let expired = jwt(SystemTime::now() - Duration::from_secs(3600));
-    let kc = kubeconfig(dir.path(), &server.url(), json!({"token": expired}));
-    let err = block_on(async {
-        let client = K8sClient::from_conf(&conf(&kc), soon()).await.unwrap();
-        client.pod("test", "pod1").await.unwrap_err()
-    });
+    let kc = token_kubeconfig(bed, dir.path(), json!({"token": sa.token}));
+    assert!(get_pod(&kc, &ns.name, soon()).unwrap());
+    sa.delete();
+    // The API server stops accepting the token once the account is gone.
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let err = loop {
+        match get_pod(&kc, &ns.name, soon()) {
+            Err(e) => break e,
+            Ok(_) if std::time::Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Ok(_) => panic!("the token of a deleted ServiceAccount is still accepted"),
+        }
+    };
     let msg = err.to_string();
     assert!(matches!(err, K8sError::Unauthorized(_)), "{msg}");
     assert!(msg.contains(kc.to_str().unwrap()), "{msg}");
-    assert!(msg.contains("expired at"), "{msg}");
+    assert!(msg.contains("401"), "{msg}");
     assert!(
-        !msg.contains(&expired),
-        "the token itself is never printed: {msg}"
+        !msg.contains(&sa.token),
+        "the token is never printed: {msg}"
     );
+}
 
-    // A valid but rejected token says so, without "expired".
-    let valid = jwt(SystemTime::now() + Duration::from_secs(3600));
-    let kc = kubeconfig(dir.path(), &server.url(), json!({"token": valid}));
-    let err = pod_error(&kc, soon());
-    assert!(matches!(err, K8sError::Unauthorized(_)));
-    assert!(!err.to_string().contains("expired at"), "{err}");
+#[test]
+fn an_expired_jwt_gets_a_distinct_error_with_its_expiry() {
+    let Some((bed, ns)) = bed_with_pod("an_expired_jwt_gets_a_distinct_error") else {
+        return;
+    };
+    let sa = bed
+        .get("/api/v1/namespaces/kube-system/serviceaccounts/calico-cni-plugin")
+        .expect("calico-cni-plugin");
+    let uid = sa["metadata"]["uid"].as_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Signed with the test bed's service-account key, expired an hour ago.
+    let expired = bed.signed_jwt(
+        "kube-system",
+        "calico-cni-plugin",
+        uid,
+        SystemTime::now() - Duration::from_secs(3600),
+    );
+    let kc = token_kubeconfig(bed, dir.path(), json!({"token": expired}));
+    let err = get_pod(&kc, &ns.name, soon()).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, K8sError::Unauthorized(_)), "{msg}");
+    assert!(msg.contains(kc.to_str().unwrap()), "{msg}");
+    assert!(msg.contains("the token expired at"), "{msg}");
+    assert!(!msg.contains(&expired), "the token is never printed: {msg}");
+
+    // The same key and claims, still valid: accepted, so the signature and
+    // claims were right and only the expiry was refused.
+    let valid = bed.signed_jwt(
+        "kube-system",
+        "calico-cni-plugin",
+        uid,
+        SystemTime::now() + Duration::from_secs(600),
+    );
+    let kc = token_kubeconfig(bed, dir.path(), json!({"token": valid}));
+    assert!(get_pod(&kc, &ns.name, soon()).unwrap());
 }
 
 #[test]
 fn a_hanging_or_failing_server_is_bounded_by_the_deadline() {
-    let server = FakeApiServer::start();
-    with_pod(&server);
-    let dir = tempfile::tempdir().unwrap();
-    let kc = kubeconfig(dir.path(), &server.url(), json!({"token": "t"}));
-    server.set_fault(Fault::Hang);
-    let started = std::time::Instant::now();
-    let err = pod_error(&kc, Instant::now() + Duration::from_millis(800));
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "took {:?}",
-        started.elapsed()
+    let Some((bed, ns)) = bed_with_pod("a_hanging_or_failing_server_is_bounded") else {
+        return;
+    };
+    let proxy = FaultProxy::start(
+        bed.api(),
+        &bed.ca(),
+        bed.var("TESTBED_PROXY_CERT").as_ref(),
+        bed.var("TESTBED_PROXY_KEY").as_ref(),
     );
-    assert!(matches!(err, K8sError::Timeout(_)), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let kc = bed.kubeconfig(
+        dir.path(),
+        "kubeconfig",
+        &proxy.url(),
+        json!({"token": bed.cni_token()}),
+    );
+    assert!(get_pod(&kc, &ns.name, soon()).unwrap(), "through the proxy");
 
-    server.set_fault(Fault::ServerError);
-    let err = pod_error(&kc, soon());
+    for fault in [Fault::Hang, Fault::Delay(Duration::from_secs(3))] {
+        proxy.push(Rule::always(fault));
+        let started = std::time::Instant::now();
+        let err = get_pod(&kc, &ns.name, Instant::now() + Duration::from_millis(800)).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert!(matches!(err, K8sError::Timeout(_)), "{err}");
+        proxy.clear();
+    }
+    for status in [500, 503, 429] {
+        proxy.push(Rule::always(Fault::Status(status)));
+        let err = get_pod(&kc, &ns.name, soon()).unwrap_err();
+        assert!(matches!(err, K8sError::Api(_)), "{status}: {err}");
+        assert!(err.to_string().contains(&status.to_string()), "{err}");
+        proxy.clear();
+    }
+    proxy.push(Rule::always(Fault::Reset));
+    let err = get_pod(&kc, &ns.name, soon()).unwrap_err();
     assert!(matches!(err, K8sError::Api(_)), "{err}");
+    proxy.clear();
 
     // Nothing listening at all.
-    let kc = kubeconfig(dir.path(), "http://127.0.0.1:9", json!({"token": "t"}));
-    let err = pod_error(&kc, soon());
+    let kc = bed.kubeconfig(
+        dir.path(),
+        "kubeconfig",
+        "https://127.0.0.1:9",
+        json!({"token": "t"}),
+    );
+    let err = get_pod(&kc, &ns.name, soon()).unwrap_err();
     assert!(
         matches!(err, K8sError::Api(_) | K8sError::Timeout(_)),
         "{err}"
@@ -173,24 +256,30 @@ fn a_hanging_or_failing_server_is_bounded_by_the_deadline() {
 
 #[test]
 fn status_patch_merges_annotations_and_reports_conflicts() {
-    let server = FakeApiServer::start();
-    with_pod(&server);
-    let dir = tempfile::tempdir().unwrap();
-    let kc = kubeconfig(dir.path(), &server.url(), json!({"token": "t"}));
+    let Some((bed, ns)) = bed_with_pod("status_patch_merges_annotations") else {
+        return;
+    };
+    ns.create_pod(
+        json!({"metadata": {"name": "pod2", "annotations": {"keep": "me"}},
+        "spec": {"nodeName": "node1", "containers": [{"name": "c", "image": "i"}]}}),
+    );
     block_on(async {
-        let client = K8sClient::from_conf(&conf(&kc), soon()).await.unwrap();
+        let client = K8sClient::from_conf(&conf(&bed.cni_kubeconfig()), soon())
+            .await
+            .unwrap();
         let patch =
             json!({"metadata": {"annotations": {"cni.projectcalico.org/podIP": "10.0.0.5/32"}}});
         let pod = client
-            .patch_pod_status("test", "pod1", &patch)
+            .patch_pod_status(&ns.name, "pod2", &patch)
             .await
             .unwrap()
             .unwrap();
         let ann = pod.metadata.annotations.unwrap();
         assert_eq!(ann["cni.projectcalico.org/podIP"], "10.0.0.5/32");
+        assert_eq!(ann["keep"], "me");
         let stale = json!({"metadata": {"resourceVersion": "1", "annotations": {"cni.projectcalico.org/podIP": ""}}});
         let err = client
-            .patch_pod_status("test", "pod1", &stale)
+            .patch_pod_status(&ns.name, "pod2", &stale)
             .await
             .unwrap_err();
         assert!(
@@ -199,14 +288,15 @@ fn status_patch_merges_annotations_and_reports_conflicts() {
         );
         assert!(
             client
-                .patch_pod_status("test", "absent", &patch)
+                .patch_pod_status(&ns.name, "absent", &patch)
                 .await
                 .unwrap()
                 .is_none()
         );
     });
+    let pod = ns.pod("pod2").unwrap();
     assert_eq!(
-        server.pod("test", "pod1").unwrap()["metadata"]["annotations"]["cni.projectcalico.org/podIP"],
+        pod["metadata"]["annotations"]["cni.projectcalico.org/podIP"],
         "10.0.0.5/32"
     );
 }

@@ -1,13 +1,17 @@
 //! Kubernetes mode end to end, as root: the built binary with K8S_POD_* args
-//! against the in-repo test API server, real namespaces and Debian's
-//! host-local; pod annotations, endpoint records and kernel state read back.
+//! against the test bed's real kube-apiserver, with the CNI's own token and
+//! RBAC, through the fault proxy (which logs every request and stages the
+//! faults a real server cannot be asked for); real namespaces, Debian's
+//! host-local; pod annotations read back through the API, endpoint records
+//! and kernel state read back.
 
 mod common;
 
 use std::time::Duration;
 
 use calico_cni::datastore::names::veth_name_for_workload;
-use common::apiserver::{FakeApiServer, Fault};
+use common::faultproxy::{Fault, FaultProxy, Rule};
+use common::testbed::{Namespace, Node, Testbed, testbed};
 use common::*;
 use serde_json::{Value, json};
 
@@ -15,54 +19,89 @@ const POD_IP: &str = "cni.projectcalico.org/podIP";
 const POD_IPS: &str = "cni.projectcalico.org/podIPs";
 const CONTAINER_ID: &str = "cni.projectcalico.org/containerID";
 
-/// A cluster: the test API server with ClusterInformation ready, namespace
-/// `test` and a pod in it on `test-node`; and a plugin config pointing at it.
+/// A cluster: the test bed with a namespace of this test's own (host veth
+/// names derive from it, and tests run in parallel), the fault proxy in
+/// front of the API server, and a plugin config that reaches the API server
+/// through the proxy with the CNI's token.
 struct Cluster {
-    /// A namespace of this test's own: host veth names derive from it, and
-    /// tests run in parallel.
-    ns: String,
-    server: FakeApiServer,
+    bed: &'static Testbed,
+    ns: Namespace,
+    /// The node the pods are bound to (and the plugin's nodename).
+    node: String,
+    proxy: FaultProxy,
     setup: Setup,
     conf: Value,
-    kubeconfig: std::path::PathBuf,
 }
 
 impl Cluster {
-    fn new(datastore: &str) -> Cluster {
-        let server = FakeApiServer::start();
-        server.put_custom(
-            "crd.projectcalico.org",
-            "v1",
-            "clusterinformations",
-            json!({"apiVersion": "crd.projectcalico.org/v1", "kind": "ClusterInformation",
-                   "metadata": {"name": "default"}, "spec": {"datastoreReady": true}}),
+    /// `None` when the test cannot run (see `testbed`).
+    fn new(test: &str, datastore: &str) -> Option<Cluster> {
+        if !root_or_skip(test) {
+            return None;
+        }
+        let bed = testbed(test)?;
+        let ns = bed.namespace(json!({}), json!({}));
+        let proxy = FaultProxy::start(
+            bed.api(),
+            &bed.ca(),
+            bed.var("TESTBED_PROXY_CERT").as_ref(),
+            bed.var("TESTBED_PROXY_KEY").as_ref(),
         );
-        let ns = format!("t{}", unique());
-        server.put_namespace(json!({"metadata": {"name": ns, "annotations": {}}}));
         let setup = Setup::new("1.0.0", false);
-        let kubeconfig = write_kubeconfig(setup.dir.path(), &server.url(), json!({"token": "t"}));
+        let kubeconfig = bed.kubeconfig(
+            setup.dir.path(),
+            "calico-kubeconfig",
+            &proxy.url(),
+            json!({"token": bed.cni_token()}),
+        );
         let mut conf = setup.conf.clone();
         conf["datastore_type"] = json!(datastore);
         conf["policy"] = json!({"type": "k8s"});
         conf["kubernetes"] = json!({"kubeconfig": kubeconfig});
         conf["deadline_seconds"] = json!(3);
-        Cluster {
+        Some(Cluster {
+            bed,
             ns,
-            server,
+            node: "test-node".into(),
+            proxy,
             setup,
             conf,
-            kubeconfig,
-        }
+        })
     }
 
+    /// Binds the pods to a real Node of this test's own, which
+    /// kube-controller-manager gave its pod CIDRs; the plugin's nodename.
+    fn with_node(&mut self) -> Node {
+        let node = self.bed.node(&format!("node-{}", unique()));
+        self.node = node.name.clone();
+        self.conf["nodename"] = json!(node.name);
+        node
+    }
+
+    /// Creates pod `name` (labels, a named port, the default service account).
     fn pod(&self, name: &str, annotations: Value) -> Value {
-        self.server.put_pod(json!({
-            "metadata": {"name": name, "namespace": self.ns, "generateName": "web-",
+        self.pod_with(name, annotations, "default")
+    }
+
+    fn pod_with(&self, name: &str, annotations: Value, service_account: &str) -> Value {
+        self.ns.create_pod(json!({
+            "metadata": {"name": name, "generateName": "web-",
                          "labels": {"app": "web"}, "annotations": annotations},
-            "spec": {"nodeName": "test-node", "serviceAccountName": "default",
+            "spec": {"nodeName": self.node, "serviceAccountName": service_account,
                      "containers": [{"name": "c", "image": "i",
                                      "ports": [{"name": "anamedport", "containerPort": 555, "protocol": "TCP"}]}]}
         }))
+    }
+
+    /// Replaces the namespace's annotations.
+    fn set_namespace_annotations(&self, annotations: Value) {
+        let (code, v) = self.bed.admin_typed(
+            "PATCH",
+            &format!("/api/v1/namespaces/{}", self.ns.name),
+            Some(&json!([{"op": "add", "path": "/metadata/annotations", "value": annotations}])),
+            "application/json-patch+json",
+        );
+        assert_eq!(code, 200, "{v}");
     }
 
     fn run(&self, command: &str, pod: &str, container: &str, netns: &str) -> Outcome {
@@ -77,26 +116,52 @@ impl Cluster {
         netns: &str,
         conf: &Value,
     ) -> Outcome {
+        self.run_args(command, pod, container, netns, conf, "eth0", "")
+    }
+
+    /// With interface `ifname` and `extra` CNI_ARGS (`;IP=..`).
+    #[allow(clippy::too_many_arguments)]
+    fn run_args(
+        &self,
+        command: &str,
+        pod: &str,
+        container: &str,
+        netns: &str,
+        conf: &Value,
+        ifname: &str,
+        extra: &str,
+    ) -> Outcome {
         let args = format!(
-            "K8S_POD_NAMESPACE={};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={container}",
-            self.ns
+            "K8S_POD_NAMESPACE={};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={container}{extra}",
+            self.ns.name
         );
         self.setup.run_with(
             command,
             container,
             netns,
-            "eth0",
+            ifname,
             conf,
             &[("CNI_ARGS", &args)],
         )
     }
 
+    /// The config with a kubeconfig of its own (through the proxy) whose
+    /// user entry is `user`; the kubeconfig's path.
+    fn conf_with_user(&self, name: &str, user: Value) -> (Value, std::path::PathBuf) {
+        let kc = self
+            .bed
+            .kubeconfig(self.setup.dir.path(), name, &self.proxy.url(), user);
+        let mut conf = self.conf.clone();
+        conf["kubernetes"]["kubeconfig"] = json!(kc);
+        (conf, kc)
+    }
+
     fn veth(&self, pod: &str) -> String {
-        veth_name_for_workload(&self.ns, pod, None)
+        veth_name_for_workload(&self.ns.name, pod, None)
     }
 
     fn annotations(&self, pod: &str) -> Value {
-        self.server.pod(&self.ns, pod).unwrap()["metadata"]["annotations"].clone()
+        self.ns.pod(pod).expect("pod")["metadata"]["annotations"].clone()
     }
 }
 
@@ -106,16 +171,15 @@ fn pod_ip(result: &Value) -> String {
 
 #[test]
 fn kdd_add_writes_pod_annotations_and_del_clears_them() {
-    if !root_or_skip("kdd_add_writes_pod_annotations") {
+    let Some(c) = Cluster::new("kdd_add_writes_pod_annotations", "kubernetes") else {
         return;
-    }
-    let c = Cluster::new("kubernetes");
+    };
     c.pod("pod1", json!({}));
     let ns = Netns::new();
     let cid = container_id();
-    c.server.reset_requests();
+    let before = c.proxy.requests().len();
     let result = c.run("ADD", "pod1", &cid, &ns.path()).assert_ok().json();
-    let requests = c.server.requests();
+    let requests = c.proxy.requests()[before..].to_vec();
     let ip = pod_ip(&result);
     assert!(ip.ends_with("/32"));
     let veth = c.veth("pod1");
@@ -134,10 +198,10 @@ fn kdd_add_writes_pod_annotations_and_del_clears_them() {
         summary,
         vec![
             "GET /apis/crd.projectcalico.org/v1/clusterinformations/default".to_string(),
-            format!("GET /api/v1/namespaces/{}/pods/pod1", c.ns),
-            format!("GET /api/v1/namespaces/{}", c.ns),
-            format!("GET /api/v1/namespaces/{}/pods/pod1", c.ns),
-            format!("PATCH /api/v1/namespaces/{}/pods/pod1/status", c.ns),
+            format!("GET /api/v1/namespaces/{}/pods/pod1", c.ns.name),
+            format!("GET /api/v1/namespaces/{}", c.ns.name),
+            format!("GET /api/v1/namespaces/{}/pods/pod1", c.ns.name),
+            format!("PATCH /api/v1/namespaces/{}/pods/pod1/status", c.ns.name),
         ],
         "{summary:#?}"
     );
@@ -159,10 +223,9 @@ fn kdd_add_writes_pod_annotations_and_del_clears_them() {
 
 #[test]
 fn policy_k8s_on_the_embedded_store_records_calicos_endpoint() {
-    if !root_or_skip("policy_k8s_on_the_embedded_store") {
+    let Some(c) = Cluster::new("policy_k8s_on_the_embedded_store", "local") else {
         return;
-    }
-    let c = Cluster::new("local");
+    };
     c.pod(
         "pod1",
         json!({"cni.projectcalico.org/allowedSourcePrefixes": "[\"8.8.8.8/32\",\"1.1.1.5/24\"]"}),
@@ -174,16 +237,19 @@ fn policy_k8s_on_the_embedded_store_records_calicos_endpoint() {
     assert_eq!(weps.len(), 1);
     let w = &weps[0];
     assert_eq!(w["metadata"]["name"], "test--node-k8s-pod1-eth0");
-    assert_eq!(w["metadata"]["namespace"], json!(c.ns));
+    assert_eq!(w["metadata"]["namespace"], json!(c.ns.name));
     assert_eq!(w["metadata"]["generateName"], "web-");
     let labels = &w["metadata"]["labels"];
     assert_eq!(labels["app"], "web");
-    assert_eq!(labels["projectcalico.org/namespace"], json!(c.ns));
+    assert_eq!(labels["projectcalico.org/namespace"], json!(c.ns.name));
     assert_eq!(labels["projectcalico.org/orchestrator"], "k8s");
     assert_eq!(labels["projectcalico.org/serviceaccount"], "default");
     assert_eq!(
         w["spec"]["profiles"],
-        json!([format!("kns.{}", c.ns), format!("ksa.{}.default", c.ns)])
+        json!([
+            format!("kns.{}", c.ns.name),
+            format!("ksa.{}.default", c.ns.name)
+        ])
     );
     assert_eq!(w["spec"]["serviceAccountName"], "default");
     assert_eq!(w["spec"]["pod"], "pod1");
@@ -210,10 +276,9 @@ fn policy_k8s_on_the_embedded_store_records_calicos_endpoint() {
 
 #[test]
 fn races_leave_the_newer_sandbox_alone() {
-    if !root_or_skip("races_leave_the_newer_sandbox_alone") {
+    let Some(c) = Cluster::new("races_leave_the_newer_sandbox_alone", "kubernetes") else {
         return;
-    }
-    let c = Cluster::new("kubernetes");
+    };
     c.pod("pod1", json!({}));
     let veth = c.veth("pod1");
 
@@ -259,19 +324,25 @@ fn races_leave_the_newer_sandbox_alone() {
 
 #[test]
 fn api_server_down_or_hanging() {
-    if !root_or_skip("api_server_down_or_hanging") {
+    let Some(c) = Cluster::new("api_server_down_or_hanging", "kubernetes") else {
         return;
-    }
-    let c = Cluster::new("kubernetes");
+    };
     c.pod("pod1", json!({}));
     let veth = c.veth("pod1");
     let ns = Netns::new();
     let cid = container_id();
     c.run("ADD", "pod1", &cid, &ns.path()).assert_ok();
 
-    for fault in [Fault::Hang, Fault::ServerError] {
+    for fault in [
+        Fault::Hang,
+        Fault::Delay(Duration::from_secs(4)),
+        Fault::Reset,
+        Fault::Status(500),
+        Fault::Status(503),
+        Fault::Status(429),
+    ] {
         // ADD of another sandbox fails within the deadline and leaves nothing.
-        c.server.set_fault(fault.clone());
+        c.proxy.push(Rule::always(fault.clone()));
         let other = Netns::new();
         let started = std::time::Instant::now();
         let out = c.run("ADD", "pod1", &container_id(), &other.path());
@@ -281,23 +352,32 @@ fn api_server_down_or_hanging() {
             started.elapsed()
         );
         assert_eq!(out.code, 1, "{fault:?}");
+        out.error_code();
         assert!(
             other
-                .ip_json(&["link", "show", "dev", "eth0"])
+                .ip_json(&["link", "show"])
                 .as_array()
-                .is_none_or(|a| a.is_empty())
+                .unwrap()
+                .iter()
+                .all(|l| l["ifname"] != "eth0"),
+            "{fault:?}: no eth0 left"
         );
         assert_eq!(
             c.setup.reservations().len(),
             1,
             "{fault:?}: only the first pod's address"
         );
-        c.server.set_fault(Fault::None);
+        c.proxy.clear();
+        assert_eq!(
+            c.annotations("pod1")[CONTAINER_ID],
+            json!(cid),
+            "{fault:?}: the first sandbox's record is untouched"
+        );
     }
 
     // DEL while the API server hangs: the local teardown completes, the
     // record is left for a later DEL, and the outcome is an error.
-    c.server.set_fault(Fault::Hang);
+    c.proxy.push(Rule::always(Fault::Hang));
     let started = std::time::Instant::now();
     let out = c.run("DEL", "pod1", &cid, &ns.path());
     assert!(
@@ -308,7 +388,7 @@ fn api_server_down_or_hanging() {
     assert_eq!(out.code, 1);
     assert!(!host_link_exists(&veth), "veth removed");
     assert!(c.setup.reservations().is_empty(), "address released");
-    c.server.set_fault(Fault::None);
+    c.proxy.clear();
     assert_eq!(
         c.annotations("pod1")[CONTAINER_ID],
         json!(cid),
@@ -321,11 +401,10 @@ fn api_server_down_or_hanging() {
 
 #[test]
 fn annotation_rules_refuse_before_anything_changes() {
-    if !root_or_skip("annotation_rules_refuse") {
+    let Some(c) = Cluster::new("annotation_rules_refuse", "kubernetes") else {
         return;
-    }
-    let c = Cluster::new("kubernetes");
-    for (annotations, expect) in [
+    };
+    for (i, (annotations, expect)) in [
         (
             json!({"cni.projectcalico.org/ipAddrs": "[\"10.0.0.1\"]"}),
             "ipAddrs is not compatible with configured IPAM: host-local",
@@ -346,26 +425,29 @@ fn annotation_rules_refuse_before_anything_changes() {
             json!({"cni.projectcalico.org/allowedSourcePrefixes": "[\"nope\"]"}),
             "nope",
         ),
-    ] {
-        c.pod("pod1", annotations.clone());
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let pod = format!("pod{i}");
+        c.pod(&pod, annotations.clone());
         let ns = Netns::new();
         let cid = container_id();
-        let out = c.run("ADD", "pod1", &cid, &ns.path());
+        let out = c.run("ADD", &pod, &cid, &ns.path());
         assert_eq!(out.code, 1, "{annotations}");
         let msg = out.json()["msg"].as_str().unwrap().to_string();
         assert!(msg.contains(expect), "{annotations}: {msg}");
-        assert!(!host_link_exists(&c.veth("pod1")));
+        assert!(!host_link_exists(&c.veth(&pod)));
         assert!(c.setup.reservations().is_empty());
-        assert!(c.annotations("pod1").get(POD_IP).is_none());
+        assert!(c.annotations(&pod).get(POD_IP).is_none());
     }
 }
 
 #[test]
 fn hw_addr_and_floating_ips() {
-    if !root_or_skip("hw_addr_and_floating_ips") {
+    let Some(mut c) = Cluster::new("hw_addr_and_floating_ips", "local") else {
         return;
-    }
-    let mut c = Cluster::new("local");
+    };
     c.conf["feature_control"] = json!({"floating_ips": true});
     c.pod(
         "pod1",
@@ -388,20 +470,29 @@ fn hw_addr_and_floating_ips() {
 
 #[test]
 fn use_pod_cidr_takes_the_nodes_pod_cidr_and_custom_routes() {
-    if !root_or_skip("use_pod_cidr") {
+    let Some(mut c) = Cluster::new("use_pod_cidr", "kubernetes") else {
         return;
-    }
-    let mut c = Cluster::new("kubernetes");
-    c.server.put_node(
-        json!({"metadata": {"name": "test-node"}, "spec": {"podCIDRs": ["10.242.7.0/24"]}}),
-    );
+    };
+    let node = c.with_node();
+    let pod_cidr: ipnet::Ipv4Net = node.pod_cidr().parse().unwrap();
     c.conf["ipam"]["ranges"] = json!([[{"subnet": "usePodCidr"}]]);
     c.conf["ipam"]["routes"] = json!([{"dst": "10.123.0.0/16"}, {"dst": "10.124.0.0/16"}]);
     c.pod("pod1", json!({}));
     let ns = Netns::new();
     let cid = container_id();
+    let before = c.proxy.requests().len();
     let result = c.run("ADD", "pod1", &cid, &ns.path()).assert_ok().json();
-    assert!(pod_ip(&result).starts_with("10.242.7."), "{result}");
+    let ip: ipnet::Ipv4Net = pod_ip(&result).parse().unwrap();
+    assert!(
+        pod_cidr.contains(&ip.addr()),
+        "{ip} from the node's podCIDR {pod_cidr} (kube-controller-manager's)"
+    );
+    assert!(
+        c.proxy.requests()[before..]
+            .iter()
+            .any(|(m, p)| m == "GET" && p.starts_with(&format!("/api/v1/nodes/{}", node.name))),
+        "the Node was read"
+    );
     let routes: Vec<String> = ns
         .ip_json(&["-4", "route"])
         .as_array()
@@ -418,25 +509,40 @@ fn use_pod_cidr_takes_the_nodes_pod_cidr_and_custom_routes() {
         !routes.contains(&"default".to_string()),
         "no default route without include_default_routes: {routes:?}"
     );
+    assert_eq!(c.annotations("pod1")[POD_IP], json!(ip.to_string()));
     // DEL releases with the usePodCidr placeholder rewritten.
     c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
     assert!(c.setup.reservations().is_empty());
-    let _ = &c.kubeconfig;
+}
+
+/// A plain-HTTP readiness gate on loopback answering `status` to every
+/// request, until the process ends.
+fn readiness_gate(status: u16) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/ready", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut conn = conn;
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut conn, &mut buf);
+            let _ = std::io::Write::write_all(
+                &mut conn,
+                format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+        }
+    });
+    url
 }
 
 #[test]
 fn readiness_gates_service_account_and_more_annotation_checks() {
-    if !root_or_skip("readiness_gates_service_account") {
+    let Some(mut c) = Cluster::new("readiness_gates_service_account", "local") else {
         return;
-    }
-    let mut c = Cluster::new("local");
-    // A gate that answers 200 (the test server's /version) lets ADD through.
-    c.conf["readiness_gates"] = json!([format!("{}/version", c.server.url())]);
-    c.server.put_pod(json!({
-        "metadata": {"name": "pod2", "namespace": c.ns},
-        "spec": {"nodeName": "test-node", "serviceAccountName": "testserviceaccount",
-                 "containers": [{"name": "c", "image": "i"}]}
-    }));
+    };
+    // A gate that answers 200 lets ADD through.
+    c.conf["readiness_gates"] = json!([readiness_gate(200)]);
+    c.pod_with("pod2", json!({}), "testserviceaccount");
     let ns = Netns::new();
     let cid = container_id();
     c.run("ADD", "pod2", &cid, &ns.path()).assert_ok();
@@ -444,8 +550,8 @@ fn readiness_gates_service_account_and_more_annotation_checks() {
     assert_eq!(
         w["spec"]["profiles"],
         json!([
-            format!("kns.{}", c.ns),
-            format!("ksa.{}.testserviceaccount", c.ns)
+            format!("kns.{}", c.ns.name),
+            format!("ksa.{}.testserviceaccount", c.ns.name)
         ])
     );
     assert_eq!(
@@ -454,7 +560,8 @@ fn readiness_gates_service_account_and_more_annotation_checks() {
     );
     c.run("DEL", "pod2", &cid, &ns.path()).assert_ok();
 
-    // A gate given as a string is a config error; a closed gate times out.
+    // A gate given as a string is a config error; a gate that never says
+    // ready (503), or is closed, times out.
     let mut bad = c.conf.clone();
     bad["readiness_gates"] = json!("http://127.0.0.1:9/x");
     assert_eq!(
@@ -462,21 +569,22 @@ fn readiness_gates_service_account_and_more_annotation_checks() {
             .error_code(),
         7
     );
-    let mut closed = c.conf.clone();
-    closed["readiness_gates"] = json!(["http://127.0.0.1:9/never"]);
-    closed["deadline_seconds"] = json!(1);
-    assert_eq!(
-        c.run_with("ADD", "pod2", &container_id(), &ns.path(), &closed)
-            .error_code(),
-        11
-    );
+    for gate in [readiness_gate(503), "http://127.0.0.1:9/never".to_string()] {
+        let mut closed = c.conf.clone();
+        closed["readiness_gates"] = json!([gate]);
+        closed["deadline_seconds"] = json!(1);
+        assert_eq!(
+            c.run_with("ADD", "pod2", &container_id(), &ns.path(), &closed)
+                .error_code(),
+            11
+        );
+    }
 
     // ipAddrsNoIpam needs calico-ipam and its feature flag.
-    c.server.put_pod(json!({
-        "metadata": {"name": "pod3", "namespace": c.ns,
-                     "annotations": {"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.0.0.1\"]"}},
-        "spec": {"nodeName": "test-node", "containers": [{"name": "c", "image": "i"}]}
-    }));
+    c.pod(
+        "pod3",
+        json!({"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.0.0.1\"]"}),
+    );
     c.conf["readiness_gates"] = json!([]);
     let out = c.run("ADD", "pod3", &container_id(), &ns.path());
     assert!(
@@ -492,29 +600,16 @@ fn readiness_gates_service_account_and_more_annotation_checks() {
 
 #[test]
 fn second_interface_keeps_the_endpoint_and_similar_pod_names_stay_apart() {
-    if !root_or_skip("second_interface_keeps_the_endpoint") {
+    let Some(c) = Cluster::new("second_interface_keeps_the_endpoint", "local") else {
         return;
-    }
-    let c = Cluster::new("local");
+    };
     c.pod("pod1", json!({}));
     c.pod("pod1-1", json!({}));
     let ns = Netns::new();
     let cid = container_id();
     c.run("ADD", "pod1", &cid, &ns.path()).assert_ok();
     // The same container ADDed again on eth1: the endpoint keeps eth0.
-    let args = format!(
-        "K8S_POD_NAMESPACE={};K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid}",
-        c.ns
-    );
-    c.setup
-        .run_with(
-            "ADD",
-            &cid,
-            &ns.path(),
-            "eth1",
-            &c.conf,
-            &[("CNI_ARGS", &args)],
-        )
+    c.run_args("ADD", "pod1", &cid, &ns.path(), &c.conf, "eth1", "")
         .assert_ok();
     let weps = c.setup.endpoints();
     assert_eq!(weps.len(), 1, "{weps:#?}");
@@ -537,15 +632,7 @@ fn second_interface_keeps_the_endpoint_and_similar_pod_names_stay_apart() {
             json!("test--node-k8s-pod1-eth0")
         ]
     );
-    c.setup
-        .run_with(
-            "DEL",
-            &cid,
-            &ns.path(),
-            "eth1",
-            &c.conf,
-            &[("CNI_ARGS", &args)],
-        )
+    c.run_args("DEL", "pod1", &cid, &ns.path(), &c.conf, "eth1", "")
         .assert_ok();
     c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
     c.run("DEL", "pod1-1", &cid2, &ns2.path()).assert_ok();
@@ -559,13 +646,12 @@ fn second_interface_keeps_the_endpoint_and_similar_pod_names_stay_apart() {
 
 #[test]
 fn explicit_ip_from_the_pod_cidr_is_given_again_after_del() {
-    if !root_or_skip("explicit_ip_from_the_pod_cidr") {
+    let Some(mut c) = Cluster::new("explicit_ip_from_the_pod_cidr", "kubernetes") else {
         return;
-    }
-    let mut c = Cluster::new("kubernetes");
-    c.server.put_node(
-        json!({"metadata": {"name": "test-node"}, "spec": {"podCIDRs": ["10.241.0.0/24"]}}),
-    );
+    };
+    let node = c.with_node();
+    let pod_cidr: ipnet::Ipv4Net = node.pod_cidr().parse().unwrap();
+    let wanted = std::net::Ipv4Addr::from(u32::from(pod_cidr.network()) + 42);
     c.conf["ipam"]["ranges"] = json!([[{"subnet": "usePodCidr"}]]);
     c.conf["include_default_routes"] = json!(true);
     c.conf["ipam"]["routes"] = json!([{"dst": "10.123.0.0/16"}]);
@@ -573,23 +659,12 @@ fn explicit_ip_from_the_pod_cidr_is_given_again_after_del() {
     let ns = Netns::new();
     for _ in 0..2 {
         let cid = container_id();
-        let args = format!(
-            "K8S_POD_NAMESPACE={};K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid};IP=10.241.0.42",
-            c.ns
-        );
+        let ip_arg = format!(";IP={wanted}");
         let r = c
-            .setup
-            .run_with(
-                "ADD",
-                &cid,
-                &ns.path(),
-                "eth0",
-                &c.conf,
-                &[("CNI_ARGS", &args)],
-            )
+            .run_args("ADD", "pod1", &cid, &ns.path(), &c.conf, "eth0", &ip_arg)
             .assert_ok()
             .json();
-        assert_eq!(pod_ip(&r), "10.241.0.42/32");
+        assert_eq!(pod_ip(&r), format!("{wanted}/32"));
         let routes: Vec<String> = ns
             .ip_json(&["-4", "route"])
             .as_array()
@@ -602,15 +677,7 @@ fn explicit_ip_from_the_pod_cidr_is_given_again_after_del() {
                 && routes.contains(&"10.123.0.0/16".to_string()),
             "{routes:?}"
         );
-        c.setup
-            .run_with(
-                "DEL",
-                &cid,
-                &ns.path(),
-                "eth0",
-                &c.conf,
-                &[("CNI_ARGS", &args)],
-            )
+        c.run_args("DEL", "pod1", &cid, &ns.path(), &c.conf, "eth0", &ip_arg)
             .assert_ok();
     }
     assert!(c.setup.reservations().is_empty());
@@ -618,22 +685,27 @@ fn explicit_ip_from_the_pod_cidr_is_given_again_after_del() {
 
 #[test]
 fn dual_pod_cidrs_and_two_ipv4_ranges() {
-    if !root_or_skip("dual_pod_cidrs_and_two_ipv4_ranges") {
+    let Some(mut c) = Cluster::new("dual_pod_cidrs_and_two_ipv4_ranges", "kubernetes") else {
         return;
-    }
-    let mut c = Cluster::new("kubernetes");
-    c.server.put_node(json!({"metadata": {"name": "test-node"},
-        "spec": {"podCIDRs": ["10.240.10.0/24", "fd00:dead:beef::/96"]}}));
+    };
+    // kube-controller-manager gives the Node a /24 and a /64.
+    let node = c.with_node();
+    let cidrs = node.get()["spec"]["podCIDRs"].clone();
+    assert_eq!(cidrs.as_array().map(Vec::len), Some(2), "{cidrs}");
+    let extra = format!("{}/24", c.setup.subnet.trim_end_matches("/24"));
     c.conf["ipam"]["ranges"] = json!([
         [{"subnet": "usePodCidr"}],
         [{"subnet": "usePodCidrIPv6"}],
-        [{"subnet": "10.240.100.0/24"}]
+        [{"subnet": extra}]
     ]);
     c.pod("pod1", json!({}));
     let ns = Netns::new();
     let cid = container_id();
     let r = c.run("ADD", "pod1", &cid, &ns.path()).assert_ok().json();
     assert_eq!(r["ips"].as_array().unwrap().len(), 3, "{r}");
+    let v6: ipnet::Ipv6Net = cidrs[1].as_str().unwrap().parse().unwrap();
+    let got6: ipnet::Ipv6Net = r["ips"][1]["address"].as_str().unwrap().parse().unwrap();
+    assert!(v6.contains(&got6.addr()), "{got6} from {v6}");
     let v6_default = ns.ip_json(&["-6", "route", "show", "default"]);
     assert_eq!(v6_default[0]["gateway"], "fe80::ecee:eeff:feee:eeee");
     let addrs = &ns.ip_json(&["addr", "show", "dev", "eth0"])[0]["addr_info"];
@@ -652,22 +724,27 @@ fn dual_pod_cidrs_and_two_ipv4_ranges() {
             .all(|a| a.get("tentative").is_none()),
         "{addrs}"
     );
+    let ann = c.annotations("pod1");
+    assert_eq!(
+        ann[POD_IPS].as_str().unwrap().split(',').count(),
+        3,
+        "{ann}"
+    );
     c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
     assert!(c.setup.reservations().is_empty());
 }
 
 #[test]
 fn calico_ipam_annotation_validation_errors() {
-    if !root_or_skip("calico_ipam_annotation_validation_errors") {
+    let Some(mut c) = Cluster::new("calico_ipam_annotation_validation_errors", "kubernetes") else {
         return;
-    }
-    let mut c = Cluster::new("kubernetes");
+    };
     c.conf["ipam"] = json!({"type": "calico-ipam"});
     // calico-ipam is this binary under another name.
     let bin = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(CALICO, bin.path().join("calico-ipam")).unwrap();
     let cni_path = format!("{}:{CNI_BIN}", bin.path().display());
-    for (namespace_annotations, pod_annotations, expect) in [
+    for (i, (namespace_annotations, pod_annotations, expect)) in [
         (
             json!({"cni.projectcalico.org/ipFamilies": "[\"IPv5\"]"}),
             json!({}),
@@ -698,16 +775,18 @@ fn calico_ipam_annotation_validation_errors() {
             json!({"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.0.0.1\"]"}),
             "requested feature is not enabled: ip_addrs_no_ipam",
         ),
-    ] {
-        c.server.put_namespace(
-            json!({"metadata": {"name": c.ns, "annotations": namespace_annotations}}),
-        );
-        c.pod("pod1", pod_annotations.clone());
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        c.set_namespace_annotations(namespace_annotations.clone());
+        let pod = format!("pod{i}");
+        c.pod(&pod, pod_annotations.clone());
         let ns = Netns::new();
         let cid = container_id();
         let args = format!(
-            "K8S_POD_NAMESPACE={};K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid}",
-            c.ns
+            "K8S_POD_NAMESPACE={};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid}",
+            c.ns.name
         );
         let out = c.setup.run_with(
             "ADD",
@@ -723,7 +802,231 @@ fn calico_ipam_annotation_validation_errors() {
             msg.contains(expect),
             "{namespace_annotations} {pod_annotations}: {msg}"
         );
-        assert!(!host_link_exists(&c.veth("pod1")));
-        assert!(c.annotations("pod1").get(POD_IP).is_none());
+        assert!(!host_link_exists(&c.veth(&pod)));
+        assert!(c.annotations(&pod).get(POD_IP).is_none());
     }
+}
+
+#[test]
+fn a_role_without_pods_status_patch_makes_add_fail_clearly() {
+    let Some(c) = Cluster::new("a_role_without_pods_status_patch", "kubernetes") else {
+        return;
+    };
+    let rules: Vec<Value> = c
+        .bed
+        .cni_rules()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["resources"] != json!(["pods/status"]))
+        .cloned()
+        .collect();
+    assert_eq!(rules.len() + 1, c.bed.cni_rules().as_array().unwrap().len());
+    let sa = c.bed.service_account("kube-system", json!(rules));
+    let (conf, _) = c.conf_with_user("no-status-patch", json!({"token": sa.token}));
+    c.pod("pod1", json!({}));
+    let ns = Netns::new();
+    let cid = container_id();
+    let out = c.run_with("ADD", "pod1", &cid, &ns.path(), &conf);
+    assert_eq!(out.code, 1);
+    let msg = out.json()["msg"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("forbidden") && msg.contains("pods/status"),
+        "the API server's refusal, naming the subresource: {msg}"
+    );
+    assert!(!host_link_exists(&c.veth("pod1")), "rolled back");
+    assert!(c.setup.reservations().is_empty(), "address released");
+    assert!(c.annotations("pod1").get(POD_IP).is_none());
+    // With the full role the same pod works.
+    c.run("ADD", "pod1", &cid, &ns.path()).assert_ok();
+    c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
+}
+
+#[test]
+fn the_token_file_is_read_afresh_by_every_call() {
+    let Some(c) = Cluster::new("the_token_file_is_read_afresh", "kubernetes") else {
+        return;
+    };
+    let token_file = c.setup.dir.path().join("token");
+    let (conf, kc) = c.conf_with_user("token-file", json!({"tokenFile": token_file}));
+    c.pod("pod1", json!({}));
+    let ns = Netns::new();
+    let cid = container_id();
+    let mint = || c.bed.token("kube-system", "calico-cni-plugin", 600);
+    std::fs::write(&token_file, mint()).unwrap();
+    c.run_with("ADD", "pod1", &cid, &ns.path(), &conf)
+        .assert_ok();
+    // Rotated between two calls, as calico-node's token refresher does.
+    std::fs::write(&token_file, mint()).unwrap();
+    c.run_with("DEL", "pod1", &cid, &ns.path(), &conf)
+        .assert_ok();
+    assert_eq!(c.annotations("pod1")[POD_IP], "", "DEL reached the API");
+    // A token the server does not know: the next call says which file, and
+    // the failed ADD leaves nothing.
+    std::fs::write(&token_file, "revoked").unwrap();
+    let out = c.run_with("ADD", "pod1", &container_id(), &ns.path(), &conf);
+    assert_eq!(out.code, 1);
+    let msg = out.json()["msg"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains(&format!("tokenFile {}", token_file.display()))
+            && msg.contains(kc.to_str().unwrap()),
+        "{msg}"
+    );
+    assert!(!host_link_exists(&c.veth("pod1")));
+    assert!(c.setup.reservations().is_empty());
+}
+
+#[test]
+fn a_deleted_service_account_or_an_expired_token_names_the_kubeconfig() {
+    let Some(c) = Cluster::new("a_deleted_service_account", "kubernetes") else {
+        return;
+    };
+    let sa = c.bed.service_account("kube-system", c.bed.cni_rules());
+    let (conf, kc) = c.conf_with_user("own-sa", json!({"token": sa.token}));
+    c.pod("pod1", json!({}));
+    let ns = Netns::new();
+    let cid = container_id();
+    c.run_with("ADD", "pod1", &cid, &ns.path(), &conf)
+        .assert_ok();
+    c.run_with("DEL", "pod1", &cid, &ns.path(), &conf)
+        .assert_ok();
+    sa.delete();
+    // The API server stops accepting the token once the account is gone.
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let out = loop {
+        let cid = container_id();
+        let out = c.run_with("ADD", "pod1", &cid, &ns.path(), &conf);
+        if out.code != 0 {
+            break out;
+        }
+        c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
+        assert!(
+            std::time::Instant::now() < end,
+            "a deleted ServiceAccount's token is still accepted"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let msg = out.json()["msg"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("rejected") && msg.contains(kc.to_str().unwrap()) && msg.contains("401"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains(&sa.token),
+        "the token is never printed: {msg}"
+    );
+    assert!(!host_link_exists(&c.veth("pod1")));
+
+    // An expired token signed with the cluster's own key: the expiry, with its time.
+    let uid = c
+        .bed
+        .get("/api/v1/namespaces/kube-system/serviceaccounts/calico-cni-plugin")
+        .unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let expired_at = std::time::SystemTime::now() - Duration::from_secs(7200);
+    let jwt = c
+        .bed
+        .signed_jwt("kube-system", "calico-cni-plugin", &uid, expired_at);
+    let (conf, kc) = c.conf_with_user("expired", json!({"token": jwt}));
+    let out = c.run_with("ADD", "pod1", &container_id(), &ns.path(), &conf);
+    let msg = out.json()["msg"].as_str().unwrap().to_string();
+    let when = rfc3339_utc(expired_at);
+    assert!(
+        msg.contains(&format!("the token expired at {when}")) && msg.contains(kc.to_str().unwrap()),
+        "{msg} (expected {when})"
+    );
+    assert!(!host_link_exists(&c.veth("pod1")));
+    assert!(c.setup.reservations().is_empty());
+}
+
+/// RFC 3339 in UTC to the second, as the plugin prints it.
+fn rfc3339_utc(t: std::time::SystemTime) -> String {
+    let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", &format!("@{secs}"), "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_concurrent_writer_is_never_overwritten_blindly() {
+    let Some(c) = Cluster::new("a_concurrent_writer", "kubernetes") else {
+        return;
+    };
+    c.pod("pod1", json!({}));
+    let pod_path = c.ns.pod_path("pod1");
+    let bed = c.bed;
+    // Another writer changes the pod right before the plugin's status patch
+    // reaches the API server.
+    let writer = |patch: Value| {
+        let path = pod_path.clone();
+        Fault::Before(std::sync::Arc::new(move || {
+            bed.merge_patch(&path, &patch);
+        }))
+    };
+    let patches = |since: usize| {
+        c.proxy.requests()[since..]
+            .iter()
+            .filter(|(m, p)| m == "PATCH" && p.contains("/pods/pod1/status"))
+            .count()
+    };
+    let ns = Netns::new();
+    let x = container_id();
+
+    // ADD: the patch carries only the plugin's annotations, so the other
+    // writer's label survives.
+    c.proxy.push(
+        Rule::on(
+            "PATCH",
+            "/pods/pod1/status",
+            writer(json!({"metadata": {"labels": {"writer": "add"}}})),
+        )
+        .times(1),
+    );
+    let r = c.run("ADD", "pod1", &x, &ns.path()).assert_ok().json();
+    let pod = c.ns.pod("pod1").unwrap();
+    assert_eq!(pod["metadata"]["labels"]["writer"], "add");
+    assert_eq!(pod["metadata"]["annotations"][POD_IP], json!(pod_ip(&r)));
+
+    // DEL: its patch is conditional on the resourceVersion it read; the
+    // other writer's change makes it 409, the plugin reads again and retries.
+    c.proxy.push(
+        Rule::on(
+            "PATCH",
+            "/pods/pod1/status",
+            writer(json!({"metadata": {"labels": {"writer": "del"}}})),
+        )
+        .times(1),
+    );
+    let before = c.proxy.requests().len();
+    c.run("DEL", "pod1", &x, &ns.path()).assert_ok();
+    assert_eq!(patches(before), 2, "refused once (409), then retried");
+    let pod = c.ns.pod("pod1").unwrap();
+    assert_eq!(pod["metadata"]["labels"]["writer"], "del");
+    assert_eq!(pod["metadata"]["annotations"][POD_IP], "");
+
+    // A stale DEL racing a newer sandbox's ADD: the re-read shows the pod
+    // is now Y's, so the plugin leaves Y's addresses alone.
+    let x = container_id();
+    c.run("ADD", "pod1", &x, &ns.path()).assert_ok();
+    let y = container_id();
+    c.proxy.push(
+        Rule::on(
+            "PATCH",
+            "/pods/pod1/status",
+            writer(json!({"metadata": {"annotations": {
+                CONTAINER_ID: y, POD_IP: "10.9.9.9/32", POD_IPS: "10.9.9.9/32"}}})),
+        )
+        .times(1),
+    );
+    let before = c.proxy.requests().len();
+    c.run("DEL", "pod1", &x, &ns.path()).assert_ok();
+    assert_eq!(patches(before), 1, "no second patch once the pod is Y's");
+    let ann = c.annotations("pod1");
+    assert_eq!(ann[CONTAINER_ID], json!(y));
+    assert_eq!(ann[POD_IP], "10.9.9.9/32");
+    assert!(c.setup.reservations().is_empty(), "X's address released");
 }

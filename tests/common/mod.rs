@@ -4,7 +4,8 @@
 
 #![allow(dead_code)]
 
-pub mod apiserver;
+pub mod faultproxy;
+pub mod testbed;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -17,12 +18,21 @@ use serde_json::{Value, json};
 pub const CALICO: &str = env!("CARGO_BIN_EXE_calico");
 pub const CNI_BIN: &str = "/usr/lib/cni";
 
-/// True when running as root; otherwise prints why the test is skipped.
+/// A test that cannot run here: under CI=true it fails, otherwise it is
+/// skipped, saying why.
+pub fn cannot_run(test: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test} cannot run under CI=true: {why}");
+    }
+    eprintln!("skipping {test}: {why}");
+}
+
+/// True when running as root; otherwise the test cannot run (see `cannot_run`).
 pub fn root_or_skip(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
-    eprintln!("skipping {test}: needs root (network namespaces and veths)");
+    cannot_run(test, "needs root (network namespaces and veths)");
     false
 }
 
@@ -319,19 +329,4 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .build()
         .unwrap()
         .block_on(f)
-}
-
-/// Writes `dir/calico-kubeconfig` for API server `server`; `auth` is the
-/// user's entry (`{"token": ..}` or `{"tokenFile": ..}`).
-pub fn write_kubeconfig(dir: &Path, server: &str, auth: Value) -> PathBuf {
-    let kc = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "users": [{"name": "u", "user": auth}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x"
-    });
-    let path = dir.join("calico-kubeconfig");
-    std::fs::write(&path, kc.to_string()).unwrap();
-    path
 }

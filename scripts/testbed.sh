@@ -1,0 +1,349 @@
+#!/usr/bin/env bash
+# The test bed: a real control plane on loopback, for the tests and by hand.
+#
+#   scripts/testbed.sh up     start (idempotent: a running, healthy bed is kept)
+#   scripts/testbed.sh env    shell exports for the tests (eval "$(scripts/testbed.sh env)")
+#   scripts/testbed.sh down   stop everything and remove what `up` made
+#
+# What `up` makes, under $TESTBED_DIR (default /run/calico-cni-testbed):
+# - a CA and certificates (etcd, kube-apiserver, admin in system:masters,
+#   kube-controller-manager, a certificate for the tests' fault proxy) and
+#   the service-account signing key pair;
+# - etcd (TLS, client certificates) and kube-apiserver (TLS, RBAC, the
+#   service-account issuer) on 127.0.0.1, and kube-controller-manager (the
+#   garbage collector; node IPAM with --allocate-node-cidrs, so a Node created
+#   through the API gets real spec.podCIDRs, a /24 of 10.250.0.0/16 and a /64
+#   of fd00:10:250::/56);
+# - Calico's CRDs (testbed/crds.json: group crd.projectcalico.org, v1,
+#   cluster-scoped), the calico-cni-plugin ServiceAccount bound to the
+#   calico-cni ClusterRole (testbed/rbac.json: the permissions Calico's
+#   calico-cni role grants), a CNI kubeconfig holding a token minted for it
+#   with the TokenRequest API, ClusterInformation `default` with
+#   datastoreReady true (as calico-node makes it), an admin kubeconfig;
+# - the sandbox image for containerd: the static pause binary packed as an
+#   OCI image layout tar (pause-image.tar, name $PAUSE_IMAGE).
+# Peers come from scripts/peers.sh (built first, cached).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+dir=${TESTBED_DIR:-/run/calico-cni-testbed}
+etcd_port=${TESTBED_ETCD_PORT:-23791}
+etcd_peer_port=${TESTBED_ETCD_PEER_PORT:-23801}
+api_port=${TESTBED_API_PORT:-26443}
+kcm_port=${TESTBED_KCM_PORT:-26444}
+api=https://127.0.0.1:$api_port
+cluster_cidr=10.250.0.0/16,fd00:10:250::/56
+service_cidr=10.251.0.0/24,fd00:10:251::/112
+pause_image=calico-cni.test/pause:1
+token_seconds=86400
+
+log() { echo "testbed: $*" >&2; }
+die() {
+  log "$*"
+  for f in "$dir"/logs/*.log; do
+    [ -f "$f" ] && { echo "--- tail of $f" >&2; tail -n 20 "$f" >&2; }
+  done
+  exit 1
+}
+
+alive() { [ -f "$dir/$1.pid" ] && kill -0 "$(cat "$dir/$1.pid")" 2>/dev/null; }
+
+# start NAME COMMAND...: runs COMMAND in its own session, logs to logs/NAME.log.
+start() {
+  local name=$1
+  shift
+  alive "$name" && return 0
+  setsid "$@" </dev/null >"$dir/logs/$name.log" 2>&1 &
+  echo $! >"$dir/$name.pid"
+}
+
+# stop NAME: TERM, then KILL after 10 s.
+stop() {
+  local name=$1 pid
+  [ -f "$dir/$name.pid" ] || return 0
+  pid=$(cat "$dir/$name.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/$name.pid"
+}
+
+# wait_for WHAT SECONDS COMMAND...
+wait_for() {
+  local what=$1 secs=$2
+  shift 2
+  local end=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $end ] || die "$what not ready after ${secs}s"
+    sleep 0.2
+  done
+}
+
+# The admin's requests, with its client certificate.
+admin() {
+  local method=$1 path=$2
+  shift 2
+  curl -sS --fail-with-body --max-time 30 --cacert "$dir/pki/ca.crt" \
+    --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" \
+    -X "$method" -H 'Content-Type: application/json' "$@" "$api$path"
+}
+
+# create PATH JSON: POST, an existing object (409) is fine.
+create() {
+  local out
+  if ! out=$(admin POST "$1" --data-binary "$2" 2>&1); then
+    grep -q '"reason": *"AlreadyExists"' <<<"$out" || die "POST $1: $out"
+  fi
+}
+
+# cert NAME SUBJECT [SAN]: a key and a certificate signed by the test bed CA.
+cert() {
+  local name=$1 subj=$2 san=${3:-}
+  local p=$dir/pki
+  [ -f "$p/$name.crt" ] && return 0
+  openssl ecparam -name prime256v1 -genkey -noout -out "$p/$name.key" 2>/dev/null
+  openssl req -new -key "$p/$name.key" -subj "$subj" -out "$p/$name.csr" 2>/dev/null
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"
+    [ -n "$san" ] && echo "subjectAltName=$san"
+  } >"$p/$name.ext"
+  openssl x509 -req -in "$p/$name.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" \
+    -CAcreateserial -days 365 -sha256 -extfile "$p/$name.ext" -out "$p/$name.crt" 2>/dev/null
+  rm -f "$p/$name.csr" "$p/$name.ext"
+}
+
+pki() {
+  local p=$dir/pki
+  mkdir -p "$p"
+  if [ ! -f "$p/ca.crt" ]; then
+    openssl ecparam -name prime256v1 -genkey -noout -out "$p/ca.key" 2>/dev/null
+    openssl req -x509 -new -key "$p/ca.key" -subj "/CN=calico-cni-testbed-ca" -days 365 \
+      -sha256 -addext "basicConstraints=critical,CA:TRUE" \
+      -addext "keyUsage=critical,keyCertSign,cRLSign" -out "$p/ca.crt" 2>/dev/null
+  fi
+  local loop="IP:127.0.0.1,DNS:localhost"
+  cert etcd "/CN=etcd" "$loop"
+  cert etcd-client "/CN=etcd-client"
+  cert apiserver "/CN=kube-apiserver" "$loop,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.251.0.1"
+  cert admin "/O=system:masters/CN=testbed-admin"
+  cert kcm "/CN=system:kube-controller-manager"
+  cert proxy "/CN=fault-proxy" "$loop"
+  if [ ! -f "$p/sa.key" ]; then
+    openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
+    openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
+  fi
+}
+
+# kubeconfig FILE USER-JSON: a kubeconfig for the test bed's API server.
+kubeconfig() {
+  jq -n --arg server "$api" --arg ca "$(base64 -w0 "$dir/pki/ca.crt")" --argjson user "$2" '{
+    apiVersion: "v1", kind: "Config",
+    clusters: [{name: "testbed", cluster: {server: $server, "certificate-authority-data": $ca}}],
+    users: [{name: "user", user: $user}],
+    contexts: [{name: "testbed", context: {cluster: "testbed", user: "user"}}],
+    "current-context": "testbed"
+  }' >"$1.new"
+  mv -f "$1.new" "$1"
+}
+
+start_etcd() {
+  local p=$dir/pki
+  mkdir -p "$dir/etcd"
+  start etcd "$bin/etcd" --name testbed --data-dir "$dir/etcd" \
+    --listen-client-urls "https://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "https://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+    --initial-cluster "testbed=http://127.0.0.1:$etcd_peer_port" \
+    --cert-file "$p/etcd.crt" --key-file "$p/etcd.key" \
+    --client-cert-auth --trusted-ca-file "$p/ca.crt" \
+    --unsafe-no-fsync --log-level warn
+  wait_for etcd 30 curl -sf --max-time 2 --cacert "$p/ca.crt" --cert "$p/etcd-client.crt" \
+    --key "$p/etcd-client.key" "https://127.0.0.1:$etcd_port/health"
+}
+
+start_apiserver() {
+  local p=$dir/pki
+  start kube-apiserver "$bin/kube-apiserver" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --etcd-servers="https://127.0.0.1:$etcd_port" --etcd-cafile="$p/ca.crt" \
+    --etcd-certfile="$p/etcd-client.crt" --etcd-keyfile="$p/etcd-client.key" \
+    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
+    --client-ca-file="$p/ca.crt" --authorization-mode=RBAC \
+    --service-account-issuer="$api" --service-account-key-file="$p/sa.pub" \
+    --service-account-signing-key-file="$p/sa.key" \
+    --service-cluster-ip-range="$service_cidr" --allow-privileged=true \
+    --disable-admission-plugins=ServiceAccount --enable-priority-and-fairness=false \
+    --cert-dir="$dir/apiserver" --v=1
+  wait_for kube-apiserver 90 admin GET /readyz
+}
+
+# No kubelet runs here: the controllers that would act on pods of absent or
+# never-ready nodes (podgc deletes pods bound to a missing Node, nodelifecycle
+# evicts from NotReady ones, taint-eviction) and the cloud ones stay off.
+controllers='*,-pod-garbage-collector-controller,-node-lifecycle-controller,-taint-eviction-controller,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller'
+
+start_controller_manager() {
+  local p=$dir/pki
+  kubeconfig "$dir/kcm.kubeconfig" \
+    "$(jq -n --arg c "$p/kcm.crt" --arg k "$p/kcm.key" '{"client-certificate": $c, "client-key": $k}')"
+  start kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig="$dir/kcm.kubeconfig" --authentication-kubeconfig="$dir/kcm.kubeconfig" \
+    --authorization-kubeconfig="$dir/kcm.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$kcm_port" --cert-dir="$dir/kcm" \
+    --leader-elect=false --use-service-account-credentials=true \
+    --allocate-node-cidrs=true --cluster-cidr="$cluster_cidr" \
+    --node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64 \
+    --service-cluster-ip-range="$service_cidr" \
+    --service-account-private-key-file="$p/sa.key" --root-ca-file="$p/ca.crt" \
+    --controllers="$controllers" --v=1
+  wait_for kube-controller-manager 60 curl -sfk --max-time 2 "https://127.0.0.1:$kcm_port/healthz"
+}
+
+crd_established() {
+  admin GET "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$1" \
+    | jq -e '.status.conditions[]? | select(.type == "Established" and .status == "True")'
+}
+
+calico_objects() {
+  local crd
+  while read -r crd; do
+    create /apis/apiextensions.k8s.io/v1/customresourcedefinitions "$crd"
+  done < <(jq -c '.[]' testbed/crds.json)
+  for crd in $(jq -r '.[].metadata.name' testbed/crds.json); do
+    wait_for "CRD $crd" 30 crd_established "$crd"
+  done
+  local obj kind
+  jq -c '.[]' testbed/rbac.json | while read -r obj; do
+    kind=$(jq -r .kind <<<"$obj")
+    case $kind in
+      ServiceAccount) create /api/v1/namespaces/kube-system/serviceaccounts "$obj" ;;
+      ClusterRole) create /apis/rbac.authorization.k8s.io/v1/clusterroles "$obj" ;;
+      ClusterRoleBinding) create /apis/rbac.authorization.k8s.io/v1/clusterrolebindings "$obj" ;;
+      *) die "testbed/rbac.json: unexpected kind $kind" ;;
+    esac
+  done
+  create /apis/crd.projectcalico.org/v1/clusterinformations "$(jq -n --arg guid "$(cat /proc/sys/kernel/random/uuid | tr -d -)" '{
+    apiVersion: "crd.projectcalico.org/v1", kind: "ClusterInformation",
+    metadata: {name: "default"},
+    spec: {clusterGUID: $guid, clusterType: "k8s,bgp,kdd", calicoVersion: "v3.31.0", datastoreReady: true}
+  }')"
+}
+
+# The CNI's kubeconfig: a token minted for calico-cni-plugin (TokenRequest),
+# as calico-node writes it. Minted again when missing or older than half its life.
+cni_kubeconfig() {
+  local kc=$dir/calico-cni.kubeconfig
+  if [ -f "$kc" ] && [ $(($(date +%s) - $(stat -c %Y "$kc"))) -lt $((token_seconds / 2)) ]; then
+    return 0
+  fi
+  local token
+  token=$(admin POST /api/v1/namespaces/kube-system/serviceaccounts/calico-cni-plugin/token \
+    --data-binary "{\"apiVersion\":\"authentication.k8s.io/v1\",\"kind\":\"TokenRequest\",\"spec\":{\"expirationSeconds\":$token_seconds}}" \
+    | jq -er .status.token) || die "TokenRequest for calico-cni-plugin failed"
+  kubeconfig "$kc" "$(jq -n --arg t "$token" '{token: $t}')"
+  chmod 600 "$kc"
+}
+
+# The sandbox image: the static pause binary as an OCI image layout tar.
+pause_image() {
+  local out=$dir/pause-image.tar
+  [ -f "$out" ] && return 0
+  local w
+  w=$(mktemp -d)
+  mkdir -p "$w/rootfs" "$w/oci/blobs/sha256"
+  install -m 0755 "$bin/pause" "$w/rootfs/pause"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$w/rootfs" -cf "$w/layer.tar" pause
+  local diff_id layer layer_size config config_size manifest manifest_size
+  diff_id=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
+  gzip -n -9 <"$w/layer.tar" >"$w/layer.tar.gz"
+  layer=$(sha256sum "$w/layer.tar.gz" | cut -d' ' -f1)
+  layer_size=$(stat -c %s "$w/layer.tar.gz")
+  mv "$w/layer.tar.gz" "$w/oci/blobs/sha256/$layer"
+  jq -cn --arg d "sha256:$diff_id" '{
+    architecture: "amd64", os: "linux",
+    config: {Entrypoint: ["/pause"], User: "65535:65535"},
+    rootfs: {type: "layers", diff_ids: [$d]}
+  }' >"$w/config.json"
+  config=$(sha256sum "$w/config.json" | cut -d' ' -f1)
+  config_size=$(stat -c %s "$w/config.json")
+  mv "$w/config.json" "$w/oci/blobs/sha256/$config"
+  jq -cn --arg c "sha256:$config" --argjson cs "$config_size" --arg l "sha256:$layer" --argjson ls "$layer_size" '{
+    schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
+    config: {mediaType: "application/vnd.oci.image.config.v1+json", digest: $c, size: $cs},
+    layers: [{mediaType: "application/vnd.oci.image.layer.v1.tar+gzip", digest: $l, size: $ls}]
+  }' >"$w/manifest.json"
+  manifest=$(sha256sum "$w/manifest.json" | cut -d' ' -f1)
+  manifest_size=$(stat -c %s "$w/manifest.json")
+  mv "$w/manifest.json" "$w/oci/blobs/sha256/$manifest"
+  echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci/oci-layout"
+  jq -cn --arg m "sha256:$manifest" --argjson ms "$manifest_size" --arg name "$pause_image" '{
+    schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json",
+    manifests: [{mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $m, size: $ms,
+      platform: {architecture: "amd64", os: "linux"},
+      annotations: {"io.containerd.image.name": $name, "org.opencontainers.image.ref.name": "1"}}]
+  }' >"$w/oci/index.json"
+  tar --sort=name --owner=0 --group=0 --numeric-owner -C "$w/oci" -cf "$out.new" oci-layout index.json blobs
+  mv -f "$out.new" "$out"
+  rm -rf "$w"
+}
+
+print_env() {
+  local p=$dir/pki
+  cat <<EOF
+export TESTBED_DIR='$dir'
+export PEERS_BIN='$bin'
+export KUBECONFIG='$dir/admin.kubeconfig'
+export CALICO_CNI_KUBECONFIG='$dir/calico-cni.kubeconfig'
+export TESTBED_API='$api'
+export TESTBED_CA='$p/ca.crt'
+export TESTBED_ADMIN_CERT='$p/admin.crt'
+export TESTBED_ADMIN_KEY='$p/admin.key'
+export TESTBED_PROXY_CERT='$p/proxy.crt'
+export TESTBED_PROXY_KEY='$p/proxy.key'
+export TESTBED_SA_KEY='$p/sa.key'
+export TESTBED_CLUSTER_CIDR='$cluster_cidr'
+export TESTBED_PAUSE_IMAGE='$pause_image'
+export TESTBED_PAUSE_TAR='$dir/pause-image.tar'
+export ETCD_ENDPOINTS='https://127.0.0.1:$etcd_port'
+export ETCD_CA_CERT_FILE='$p/ca.crt'
+export ETCD_CERT_FILE='$p/etcd-client.crt'
+export ETCD_KEY_FILE='$p/etcd-client.key'
+EOF
+}
+
+up() {
+  bin=$(bash scripts/peers.sh --print-bin)
+  bash scripts/peers.sh >&2
+  mkdir -p "$dir/logs"
+  local t0=$SECONDS
+  pki
+  kubeconfig "$dir/admin.kubeconfig" "$(jq -n --arg c "$dir/pki/admin.crt" --arg k "$dir/pki/admin.key" \
+    '{"client-certificate": $c, "client-key": $k}')"
+  start_etcd
+  start_apiserver
+  start_controller_manager
+  calico_objects
+  cni_kubeconfig
+  pause_image
+  log "up in $((SECONDS - t0)) s: $api (state in $dir)"
+}
+
+down() {
+  stop kube-controller-manager
+  stop kube-apiserver
+  stop etcd
+  rm -rf "$dir"
+  log "down"
+}
+
+case ${1:-} in
+  up) up ;;
+  env) bin=$(bash scripts/peers.sh --print-bin); print_env ;;
+  down) down ;;
+  *) echo "usage: $0 up|env|down" >&2; exit 2 ;;
+esac
