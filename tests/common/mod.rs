@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod containerd;
 pub mod faultproxy;
 pub mod testbed;
 
@@ -62,13 +63,18 @@ impl Netns {
     pub fn path(&self) -> String {
         format!("/var/run/netns/{}", self.name)
     }
-    /// `ip -j ...` inside the namespace; an empty list when `ip` fails
-    /// (e.g. the device does not exist).
+    /// `ip -j ...` inside the namespace. Panics, with the command and its
+    /// stderr, when `ip` fails (a device that does not exist included: ask
+    /// `link` whether one does).
     pub fn ip_json(&self, args: &[&str]) -> Value {
         let mut full = vec!["netns", "exec", &self.name, "ip", "-j"];
         full.extend_from_slice(args);
-        let out = Command::new("ip").args(&full).output().expect("ip");
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]))
+        ip_json_of(&full)
+    }
+    /// The link called `name` in the namespace (`ip -j link show`, filtered),
+    /// `None` when there is none; panics when `ip` fails.
+    pub fn link(&self, name: &str) -> Option<Value> {
+        find_link(self.ip_json(&["link", "show"]), name)
     }
     pub fn sysctl(&self, key: &str) -> String {
         run_ok(
@@ -112,21 +118,59 @@ pub fn run_ok(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `ip -j ...` in the host namespace.
+/// Runs `ip ARGS` and parses the JSON it prints (`ARGS` carry `-j`).
+/// Panics, naming the command and its stderr, when `ip` fails or prints
+/// anything but JSON, so that a broken `ip` never reads as "nothing there".
+/// A dump the kernel reports as interrupted (links or routes changed under
+/// it, as other tests' do) is retried.
+fn ip_json_of(args: &[&str]) -> Value {
+    for _ in 0..5 {
+        let out = Command::new("ip").args(args).output().expect("spawn ip");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("Dump was interrupted") {
+            continue;
+        }
+        assert!(
+            out.status.success(),
+            "ip {} failed ({}): {stderr}",
+            args.join(" "),
+            out.status
+        );
+        return serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "ip {} printed no JSON ({e}): {:?} / stderr {stderr}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+    }
+    panic!("ip {}: dump interrupted 5 times in a row", args.join(" "))
+}
+
+/// The entry named `name` in an `ip -j link show` listing.
+fn find_link(links: Value, name: &str) -> Option<Value> {
+    let Value::Array(links) = links else {
+        panic!("ip -j link show printed no list: {links}");
+    };
+    links.into_iter().find(|l| l["ifname"] == name)
+}
+
+/// `ip -j ...` in the host namespace; panics when `ip` fails (see `ip_json_of`).
 pub fn host_ip_json(args: &[&str]) -> Value {
     let mut full = vec!["-j"];
     full.extend_from_slice(args);
-    serde_json::from_str(&run_ok("ip", &full)).unwrap_or(Value::Array(vec![]))
+    ip_json_of(&full)
 }
 
+/// The host link called `name` (`ip -j link show`, filtered), `None` when
+/// there is none; panics when `ip` fails.
+pub fn host_link(name: &str) -> Option<Value> {
+    find_link(host_ip_json(&["link", "show"]), name)
+}
+
+/// Whether the host has a link called `name`; panics when `ip` fails.
 pub fn host_link_exists(name: &str) -> bool {
-    Command::new("ip")
-        .args(["link", "show", "dev", name])
-        .stderr(Stdio::null())
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+    host_link(name).is_some()
 }
 
 pub fn host_sysctl(key: &str) -> String {
