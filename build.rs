@@ -7,6 +7,11 @@
 //! The binary is stripped here rather than by the profile, whose settings
 //! are part of every symbol's hash: scripts/symbol-order.sh builds with
 //! `CALICO_LINK_KEEP_SYMBOLS=1` and sees exactly the names this link orders.
+//!
+//! The same link writes its map, with mangled names, to `$OUT_DIR/calico.map`:
+//! every symbol the binary holds, stripped or not, so that
+//! scripts/check-symbol-order.sh can tell how much of the order file this
+//! very binary still has without a second (unstripped, fat-LTO) build.
 
 fn main() {
     let order = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("link/symbol-order.txt");
@@ -22,8 +27,20 @@ fn main() {
             "cargo::rustc-link-arg-bin=calico=-Wl,--symbol-ordering-file={}",
             order.display()
         );
-        // Names this build no longer has (another crate version) are skipped.
+        // Names this build no longer has (another crate version) are skipped;
+        // rustc would not show lld's warnings anyway (its `linker_messages`
+        // lint is allowed by default). scripts/check-symbol-order.sh counts
+        // them from the map below and fails when too many are gone.
         println!("cargo::rustc-link-arg-bin=calico=-Wl,--no-warn-symbol-ordering");
+        let out = std::env::var("OUT_DIR").expect("OUT_DIR");
+        let map = std::path::Path::new(&out).join("calico.map");
+        println!(
+            "cargo::rustc-link-arg-bin=calico=-Wl,-Map={}",
+            map.display()
+        );
+        // Mangled names in the map, as the order file has them (this also
+        // leaves the linker's own messages mangled; the output is the same).
+        println!("cargo::rustc-link-arg-bin=calico=-Wl,--no-demangle");
     }
     if std::env::var_os("CALICO_LINK_KEEP_SYMBOLS").is_none() {
         println!("cargo::rustc-link-arg-bin=calico=-Wl,--strip-all");

@@ -14,7 +14,8 @@
 //! to the plugins' DELs, the kernel's delete of N pods' pairs made and pinged
 //! as the plugins' pods are) and the peak RSS of single ADD and DEL calls
 //! (the largest of several). `--smoke` (N=10, C=1,8) exits non-zero on any
-//! failure or leak.
+//! failure or leak, and when our peak RSS per call exceeds ptp's (each the
+//! larger of the plugin and its host-local child: like for like).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -644,11 +645,27 @@ fn run() -> Result<(), Failure> {
         size as f64 / 1e6
     );
 
-    if o.smoke && bad {
-        return Err("failures or leaks (see above)".into());
-    }
+    let mut problems = Vec::new();
     if bad {
-        println!("\nWARNING: failures or leaks in this run (see above)");
+        problems.push("failures or leaks (see above)".to_string());
+    }
+    // Like for like, as the ratio above: each figure is the larger of the
+    // plugin and the host-local child it waited for (wait4's ru_maxrss).
+    let (ours_kib, peer_kib) = (peak(ours), peak(peer));
+    if peer_kib == 0 {
+        problems.push(format!("no peak RSS measured for {peer}"));
+    } else if ours_kib > peer_kib {
+        problems.push(format!(
+            "peak RSS per call {ours_kib} KiB ({ours}) exceeds ptp's {peer_kib} KiB ({peer}), \
+             ratio {rss_ratio:.2} > 1.0 (the largest of {RSS_CALLS} ADDs and DELs each): \
+             has link/symbol-order.txt gone stale? (scripts/check-symbol-order.sh)"
+        ));
+    }
+    if o.smoke && !problems.is_empty() {
+        return Err(problems.join("; ").into());
+    }
+    for p in &problems {
+        println!("\nWARNING: {p}");
     }
     Ok(())
 }

@@ -14,8 +14,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use calico_cni::datastore::Datastore;
 use calico_cni::datastore::local::LocalStore;
+use calico_cni::datastore::model::WorkloadEndpoint;
+use calico_cni::datastore::{ListFilter, Store};
 use serde_json::Value;
 
 const CNI_BIN: &str = "/usr/lib/cni";
@@ -167,7 +168,8 @@ fn wire_and_check(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let weps = runtime.block_on(store.list_workload_endpoints("default", ""))?;
+    let weps = runtime
+        .block_on((&store as &dyn Store).list::<WorkloadEndpoint>("default", &ListFilter::All))?;
     println!("== stored WorkloadEndpoints ({}):", weps.len());
     for w in &weps {
         println!("{}", serde_json::to_string_pretty(w)?);
@@ -211,7 +213,8 @@ fn wire_and_check(
                 .count()
         })
         .unwrap_or(0);
-    let weps = runtime.block_on(store.list_workload_endpoints("default", ""))?;
+    let weps = runtime
+        .block_on((&store as &dyn Store).list::<WorkloadEndpoint>("default", &ListFilter::All))?;
     println!(
         "== left behind: host veths {veths:?}, host routes {leftover_routes:?}, IP reservations {reservations}, WorkloadEndpoints {}",
         weps.len()

@@ -20,7 +20,8 @@
 # Names carry a hash per crate version, toolchain and profile, and LTO gives
 # some local functions numbered names, so regenerate after changing
 # Cargo.lock, the toolchain or much of the code: stale names are skipped by
-# the linker and the benefit fades (the bench's peak RSS shows it). Needs
+# the linker and the benefit fades (scripts/check-symbol-order.sh fails past
+# 3% missing names; the smoke bench, when peak RSS passes ptp's). Needs
 # root (network namespaces), valgrind, jq, Debian's containernetworking-plugins
 # and, for the fault passes, perf (linux-perf). Takes about 10 minutes.
 set -euo pipefail

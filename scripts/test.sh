@@ -30,5 +30,7 @@ cargo test --locked --features fault-injection
 echo "test.sh: tests done at $((SECONDS - t0)) s"
 # The benchmark harness in a small configuration: fails on any failure or leak.
 cargo build --locked --release --bins --examples
+# The release link: fails when link/symbol-order.txt has gone stale.
+bash scripts/check-symbol-order.sh
 cargo run --locked --release --example bench -- --smoke
 echo "test.sh: all done in $((SECONDS - t0)) s"

@@ -73,6 +73,9 @@ fn backup_name(path: &Path, n: i64) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// How long a plugin waits for another one's log rotation.
+const ROTATION_LOCK_WAIT: Duration = Duration::from_millis(500);
+
 /// Size-based rotation: `cni.log` → `cni.log.1` → … → `cni.log.<count>`;
 /// backups beyond `max_count` or older than `max_age_days` are removed.
 /// Runs under an exclusive lock so that concurrent plugins rotate once.
@@ -94,8 +97,21 @@ pub fn rotate_if_needed(path: &Path, settings: &LogSettings) -> io::Result<()> {
         .write(true)
         .mode(0o644)
         .open(lock_path)?;
-    let _guard = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| io::Error::from(e))?;
+    // Bounded: a process that holds the lock for long (stopped, say) makes
+    // this one skip the rotation rather than wait; the next one rotates.
+    let give_up = std::time::Instant::now() + ROTATION_LOCK_WAIT;
+    let mut lock = lock;
+    let _guard = loop {
+        match nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(guard) => break guard,
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < give_up => {
+                lock = file;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(()),
+            Err((_, e)) => return Err(io::Error::from(e)),
+        }
+    };
     if !big(path) {
         return Ok(()); // another process rotated it while we waited
     }

@@ -63,11 +63,7 @@ fn reserved(s: &Setup, net: &str) -> usize {
 }
 
 fn no_eth0(ns: &Netns) -> bool {
-    ns.ip_json(&["link", "show"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|l| l["ifname"] != "eth0")
+    ns.link("eth0").is_none()
 }
 
 fn ping_first_ip(result: &Value) {

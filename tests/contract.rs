@@ -104,6 +104,20 @@ fn config_errors() {
         "{}",
         out.stdout
     );
+    // A deadline out of any sane range is a config error, not a panic.
+    for deadline in ["1e12", "0", "-5"] {
+        let out = run(
+            &env,
+            &format!(r#"{{"cniVersion":"1.0.0","name":"n","deadline_seconds":{deadline}}}"#),
+        );
+        assert_eq!(out.error_code(), 7, "{deadline}: {}", out.stdout);
+        assert!(
+            out.json()["msg"]
+                .as_str()
+                .unwrap()
+                .contains("deadline_seconds")
+        );
+    }
 }
 
 #[test]

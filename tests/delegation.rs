@@ -15,11 +15,14 @@ use ipnet::IpNet;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-fn have_host_local() -> bool {
+fn have_host_local(test: &str) -> bool {
     if std::path::Path::new(CNI_BIN).join("host-local").exists() {
         return true;
     }
-    eprintln!("skipping: {CNI_BIN}/host-local is not installed (containernetworking-plugins)");
+    common::cannot_run(
+        test,
+        &format!("{CNI_BIN}/host-local is not installed (containernetworking-plugins)"),
+    );
     false
 }
 
@@ -36,7 +39,7 @@ fn reservations(dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn host_local_add_and_del_in_every_version() {
-    if !have_host_local() {
+    if !have_host_local("host_local_add_and_del_in_every_version") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -90,7 +93,7 @@ fn host_local_add_and_del_in_every_version() {
 
 #[test]
 fn negotiation_asks_version_only_when_refused() {
-    if !have_host_local() {
+    if !have_host_local("negotiation_asks_version_only_when_refused") {
         return;
     }
     let path = vec![PathBuf::from(CNI_BIN)];
@@ -123,6 +126,16 @@ fn fake_plugins() -> tempfile::TempDir {
 exit 1"#,
     );
     write("hanging-ipam", "exec sleep 30");
+    // Debian's host-local, whose ADD keeps its answer back past any deadline.
+    let slow = dir.path().join("slow-host-local");
+    std::fs::write(
+        &slow,
+        format!(
+            "#!/bin/sh\nif [ \"$CNI_COMMAND\" = ADD ]; then\n  out=$({CNI_BIN}/host-local) || exit $?\n  sleep 30\n  printf '%s' \"$out\"\nelse\n  exec {CNI_BIN}/host-local\nfi\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
     dir
 }
 
@@ -159,8 +172,7 @@ fn add_with_ipam(ipam: &str, cni_path: &std::path::Path, extra: Value) -> Option
         !common::host_link_exists(&common::host_veth(&cid)),
         "host veth left"
     );
-    let eth0 = ns.ip_json(&["link", "show", "dev", "eth0"]);
-    assert!(eth0.as_array().is_none_or(|a| a.is_empty()), "eth0 left");
+    assert!(ns.link("eth0").is_none(), "eth0 left");
     Some(out)
 }
 
@@ -190,9 +202,42 @@ fn hanging_ipam_is_bounded_by_the_deadline() {
     ) else {
         return;
     };
+    // The deadline (1.5 s), then the rollback's IPAM DEL (which hangs too)
+    // on its own cleanup budget (5 s), and no longer.
     let took = started.elapsed();
-    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+    assert!(took < std::time::Duration::from_secs(8), "took {took:?}");
     assert_eq!(out.error_code(), 11, "{}", out.stdout);
+}
+
+#[test]
+fn an_ipam_add_that_outlives_the_deadline_is_released_by_the_rollback() {
+    if !have_host_local("an_ipam_add_that_outlives_the_deadline") {
+        return;
+    }
+    let plugins = fake_plugins();
+    let data = tempfile::tempdir().unwrap();
+    let ipam = json!({"type": "slow-host-local", "subnet": "10.78.0.0/24", "dataDir": data.path()});
+    let started = std::time::Instant::now();
+    let Some(out) = add_with_ipam(
+        "slow-host-local",
+        plugins.path(),
+        json!({"deadline_seconds": 2, "ipam": ipam}),
+    ) else {
+        return;
+    };
+    assert_eq!(out.error_code(), 11, "{}", out.stdout);
+    // host-local reserved an address within milliseconds; the rollback's
+    // DEL, on its own budget after the spent deadline, released it.
+    assert!(
+        data.path().join("net1").exists(),
+        "host-local never ran: nothing shows the test can fail"
+    );
+    assert!(
+        reservations(data.path()).is_empty(),
+        "left reserved: {:?}",
+        reservations(data.path())
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(7));
 }
 
 #[test]

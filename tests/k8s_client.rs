@@ -40,7 +40,7 @@ fn soon() -> Instant {
 /// One pod GET through a fresh client; its outcome.
 fn get_pod(kubeconfig: &std::path::Path, ns: &str, deadline: Instant) -> Result<bool, K8sError> {
     block_on(async {
-        let client = K8sClient::from_conf(&conf(kubeconfig), deadline).await?;
+        let client = K8sClient::new(&conf(kubeconfig).k8s_config(), deadline).await?;
         Ok(client.pod(ns, "pod1").await?.is_some())
     })
 }
@@ -55,7 +55,7 @@ fn reads_pods_and_namespaces_with_the_cni_token() {
         return;
     };
     block_on(async {
-        let client = K8sClient::from_conf(&conf(&bed.cni_kubeconfig()), soon())
+        let client = K8sClient::new(&conf(&bed.cni_kubeconfig()).k8s_config(), soon())
             .await
             .unwrap();
         let pod = client.pod(&ns.name, "pod1").await.unwrap().expect("pod");
@@ -72,7 +72,7 @@ fn a_request_the_role_does_not_allow_is_refused() {
     };
     // The CNI's role may not read FelixConfigurations: the API server says no.
     let err = block_on(async {
-        let client = K8sClient::from_conf(&conf(&bed.cni_kubeconfig()), soon())
+        let client = K8sClient::new(&conf(&bed.cni_kubeconfig()).k8s_config(), soon())
             .await
             .unwrap();
         client
@@ -103,7 +103,7 @@ fn api_root_and_token_overrides_win() {
     c.kubernetes.k8s_api_root = format!("{}/api/v1/", bed.api());
     c.policy.k8s_auth_token = bed.cni_token();
     block_on(async {
-        let client = K8sClient::from_conf(&c, soon()).await.unwrap();
+        let client = K8sClient::new(&c.k8s_config(), soon()).await.unwrap();
         assert!(client.pod(&ns.name, "pod1").await.unwrap().is_some());
     });
 }
@@ -264,7 +264,7 @@ fn status_patch_merges_annotations_and_reports_conflicts() {
         "spec": {"nodeName": "node1", "containers": [{"name": "c", "image": "i"}]}}),
     );
     block_on(async {
-        let client = K8sClient::from_conf(&conf(&bed.cni_kubeconfig()), soon())
+        let client = K8sClient::new(&conf(&bed.cni_kubeconfig()).k8s_config(), soon())
             .await
             .unwrap();
         let patch =
@@ -282,10 +282,7 @@ fn status_patch_merges_annotations_and_reports_conflicts() {
             .patch_pod_status(&ns.name, "pod2", &stale)
             .await
             .unwrap_err();
-        assert!(
-            matches!(err, calico_cni::k8s::client::PatchError::Conflict(_)),
-            "{err}"
-        );
+        assert!(matches!(err, K8sError::Conflict(_)), "{err}");
         assert!(
             client
                 .patch_pod_status(&ns.name, "absent", &patch)

@@ -189,22 +189,26 @@ fn kdd_add_writes_pod_annotations_and_del_clears_them() {
     assert_eq!(ann[POD_IP], json!(ip));
     assert_eq!(ann[POD_IPS], json!(ip));
     assert_eq!(ann[CONTAINER_ID], json!(cid));
-    // The happy path's API requests (README: "API requests per ADD").
-    let summary: Vec<String> = requests
+    // The happy path's API requests (README: "API requests per ADD"): the
+    // readiness check, the pod and its namespace at once, then the patch.
+    let mut summary: Vec<String> = requests
         .iter()
         .map(|(m, p)| format!("{m} {}", p.split('?').next().unwrap_or(p)))
         .collect();
     assert_eq!(
-        summary,
-        vec![
-            "GET /apis/crd.projectcalico.org/v1/clusterinformations/default".to_string(),
-            format!("GET /api/v1/namespaces/{}/pods/pod1", c.ns.name),
-            format!("GET /api/v1/namespaces/{}", c.ns.name),
-            format!("GET /api/v1/namespaces/{}/pods/pod1", c.ns.name),
-            format!("PATCH /api/v1/namespaces/{}/pods/pod1/status", c.ns.name),
-        ],
+        summary.last().map(String::as_str),
+        Some(format!("PATCH /api/v1/namespaces/{}/pods/pod1/status", c.ns.name).as_str()),
         "{summary:#?}"
     );
+    summary.sort();
+    let mut expected = vec![
+        "GET /apis/crd.projectcalico.org/v1/clusterinformations/default".to_string(),
+        format!("GET /api/v1/namespaces/{}/pods/pod1", c.ns.name),
+        format!("GET /api/v1/namespaces/{}", c.ns.name),
+        format!("PATCH /api/v1/namespaces/{}/pods/pod1/status", c.ns.name),
+    ];
+    expected.sort();
+    assert_eq!(summary, expected);
 
     c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
     let ann = c.annotations("pod1");
@@ -352,7 +356,14 @@ fn api_server_down_or_hanging() {
             started.elapsed()
         );
         assert_eq!(out.code, 1, "{fault:?}");
-        out.error_code();
+        let code = out.error_code();
+        if matches!(fault, Fault::Hang | Fault::Delay(_)) {
+            assert_eq!(
+                code, 11,
+                "{fault:?}: a timeout is 'try again later': {}",
+                out.stdout
+            );
+        }
         assert!(
             other
                 .ip_json(&["link", "show"])
@@ -959,13 +970,15 @@ fn a_concurrent_writer_is_never_overwritten_blindly() {
     c.pod("pod1", json!({}));
     let pod_path = c.ns.pod_path("pod1");
     let bed = c.bed;
-    // Another writer changes the pod right before the plugin's status patch
-    // reaches the API server.
-    let writer = |patch: Value| {
+    // Another writer changes the pod right before the plugin's next status
+    // patch reaches the API server.
+    let writes_before_next_patch = |patch: Value| {
         let path = pod_path.clone();
-        Fault::Before(std::sync::Arc::new(move || {
+        let write = Fault::Before(std::sync::Arc::new(move || {
             bed.merge_patch(&path, &patch);
-        }))
+        }));
+        c.proxy
+            .push(Rule::on("PATCH", "/pods/pod1/status", write).times(1));
     };
     let patches = |since: usize| {
         c.proxy.requests()[since..]
@@ -978,14 +991,7 @@ fn a_concurrent_writer_is_never_overwritten_blindly() {
 
     // ADD: the patch carries only the plugin's annotations, so the other
     // writer's label survives.
-    c.proxy.push(
-        Rule::on(
-            "PATCH",
-            "/pods/pod1/status",
-            writer(json!({"metadata": {"labels": {"writer": "add"}}})),
-        )
-        .times(1),
-    );
+    writes_before_next_patch(json!({"metadata": {"labels": {"writer": "add"}}}));
     let r = c.run("ADD", "pod1", &x, &ns.path()).assert_ok().json();
     let pod = c.ns.pod("pod1").unwrap();
     assert_eq!(pod["metadata"]["labels"]["writer"], "add");
@@ -993,14 +999,7 @@ fn a_concurrent_writer_is_never_overwritten_blindly() {
 
     // DEL: its patch is conditional on the resourceVersion it read; the
     // other writer's change makes it 409, the plugin reads again and retries.
-    c.proxy.push(
-        Rule::on(
-            "PATCH",
-            "/pods/pod1/status",
-            writer(json!({"metadata": {"labels": {"writer": "del"}}})),
-        )
-        .times(1),
-    );
+    writes_before_next_patch(json!({"metadata": {"labels": {"writer": "del"}}}));
     let before = c.proxy.requests().len();
     c.run("DEL", "pod1", &x, &ns.path()).assert_ok();
     assert_eq!(patches(before), 2, "refused once (409), then retried");
@@ -1008,20 +1007,31 @@ fn a_concurrent_writer_is_never_overwritten_blindly() {
     assert_eq!(pod["metadata"]["labels"]["writer"], "del");
     assert_eq!(pod["metadata"]["annotations"][POD_IP], "");
 
+    // A new sandbox Z takes over X's endpoint (an update on the revision
+    // read): the other writer's change makes it 409; the plugin reads the
+    // pod again, sees it still X's, and retries on the new revision.
+    let x = container_id();
+    c.run("ADD", "pod1", &x, &ns.path()).assert_ok();
+    let z = container_id();
+    let nz = Netns::new();
+    writes_before_next_patch(json!({"metadata": {"labels": {"writer": "update"}}}));
+    let before = c.proxy.requests().len();
+    let rz = c.run("ADD", "pod1", &z, &nz.path()).assert_ok().json();
+    assert_eq!(patches(before), 2, "refused once (409), then retried");
+    let pod = c.ns.pod("pod1").unwrap();
+    assert_eq!(pod["metadata"]["labels"]["writer"], "update");
+    assert_eq!(pod["metadata"]["annotations"][CONTAINER_ID], json!(z));
+    assert_eq!(pod["metadata"]["annotations"][POD_IP], json!(pod_ip(&rz)));
+    c.run("DEL", "pod1", &x, &ns.path()).assert_ok();
+    c.run("DEL", "pod1", &z, &nz.path()).assert_ok();
+
     // A stale DEL racing a newer sandbox's ADD: the re-read shows the pod
     // is now Y's, so the plugin leaves Y's addresses alone.
     let x = container_id();
     c.run("ADD", "pod1", &x, &ns.path()).assert_ok();
     let y = container_id();
-    c.proxy.push(
-        Rule::on(
-            "PATCH",
-            "/pods/pod1/status",
-            writer(json!({"metadata": {"annotations": {
-                CONTAINER_ID: y, POD_IP: "10.9.9.9/32", POD_IPS: "10.9.9.9/32"}}})),
-        )
-        .times(1),
-    );
+    writes_before_next_patch(json!({"metadata": {"annotations": {
+        CONTAINER_ID: y, POD_IP: "10.9.9.9/32", POD_IPS: "10.9.9.9/32"}}}));
     let before = c.proxy.requests().len();
     c.run("DEL", "pod1", &x, &ns.path()).assert_ok();
     assert_eq!(patches(before), 1, "no second patch once the pod is Y's");
@@ -1029,4 +1039,41 @@ fn a_concurrent_writer_is_never_overwritten_blindly() {
     assert_eq!(ann[CONTAINER_ID], json!(y));
     assert_eq!(ann[POD_IP], "10.9.9.9/32");
     assert!(c.setup.reservations().is_empty(), "X's address released");
+}
+
+#[test]
+fn check_follows_custom_routes_and_fails_when_one_is_gone() {
+    let Some(mut c) = Cluster::new("check_follows_custom_routes", "kubernetes") else {
+        return;
+    };
+    c.conf["ipam"]["routes"] = json!([{"dst": "10.123.0.0/16"}, {"dst": "10.124.0.0/16"}]);
+    c.pod("pod1", json!({}));
+    let ns = Netns::new();
+    let cid = container_id();
+    for include_defaults in [false, true] {
+        c.conf["include_default_routes"] = json!(include_defaults);
+        let result = c.run("ADD", "pod1", &cid, &ns.path()).assert_ok().json();
+        let mut check = c.conf.clone();
+        check["prevResult"] = result;
+        c.run_with("CHECK", "pod1", &cid, &ns.path(), &check)
+            .assert_ok();
+        let defaults = ns.ip_json(&["-4", "route", "show", "default"]);
+        assert_eq!(
+            defaults.as_array().unwrap().len(),
+            usize::from(include_defaults),
+            "{defaults}"
+        );
+        // A route ADD made is deleted behind the plugin's back: CHECK says so.
+        let del = ns.exec(&["ip", "route", "del", "10.124.0.0/16"]);
+        assert!(
+            del.status.success(),
+            "{}",
+            String::from_utf8_lossy(&del.stderr)
+        );
+        let out = c.run_with("CHECK", "pod1", &cid, &ns.path(), &check);
+        assert_eq!(out.code, 1);
+        let msg = out.json()["msg"].as_str().unwrap().to_string();
+        assert!(msg.contains("10.124.0.0/16"), "{msg}");
+        c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
+    }
 }

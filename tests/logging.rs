@@ -50,7 +50,10 @@ fn logs_go_to_the_file_and_stderr_never_stdout_and_hold_no_secret() {
 #[test]
 fn a_panic_still_answers_with_error_json() {
     if !cfg!(feature = "fault-injection") {
-        eprintln!("skipping: build with --features fault-injection");
+        common::cannot_run(
+            "a_panic_still_answers_with_error_json",
+            "build with --features fault-injection",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();

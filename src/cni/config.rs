@@ -12,11 +12,15 @@ use serde_json::{Map, Value};
 
 use crate::cni::error::{Error, Result};
 use crate::cni::version::Version;
+use crate::k8s::K8sConfig;
 
 pub const DEFAULT_NODENAME_FILE: &str = "/var/lib/calico/nodename";
 pub const DEFAULT_MTU_FILE: &str = "/var/lib/calico/mtu";
 pub const DEFAULT_LOCAL_DATASTORE: &str = "/var/lib/calico/cni-datastore.db";
 pub const DEFAULT_DEADLINE_SECONDS: f64 = 30.0;
+/// The longest `deadline_seconds` accepted: an hour, far past any
+/// runtime's own timeout (kubelet's is 2 minutes).
+pub const MAX_DEADLINE_SECONDS: f64 = 3600.0;
 pub const NODENAME_FILE_HINT: &str =
     "check that the calico/node container is running and has mounted /var/lib/calico/";
 
@@ -335,9 +339,9 @@ impl NetConf {
                 e.inner()
             ))
         })?;
-        if !conf.deadline_seconds.is_finite() || conf.deadline_seconds <= 0.0 {
+        if !(conf.deadline_seconds > 0.0 && conf.deadline_seconds <= MAX_DEADLINE_SECONDS) {
             return Err(Error::InvalidConfig(format!(
-                "failed to load netconf: deadline_seconds must be a positive number, not {}",
+                "failed to load netconf: deadline_seconds must be more than 0 and at most {MAX_DEADLINE_SECONDS}, not {}",
                 conf.deadline_seconds
             )));
         }
@@ -452,6 +456,21 @@ impl NetConf {
     pub fn k8s_policy(&self) -> bool {
         self.policy.kind == "k8s"
     }
+
+    /// The Kubernetes API client's config: `kubernetes.kubeconfig`, the
+    /// `kubernetes.k8s_api_root` / `policy.k8s_api_root` overrides,
+    /// `policy.k8s_auth_token` and the certificate files.
+    pub fn k8s_config(&self) -> K8sConfig {
+        let set = |s: &String| (!s.is_empty()).then(|| s.clone());
+        K8sConfig {
+            kubeconfig: set(&self.kubernetes.kubeconfig).map(PathBuf::from),
+            api_root: set(&self.kubernetes.k8s_api_root).or_else(|| set(&self.policy.k8s_api_root)),
+            token: set(&self.policy.k8s_auth_token),
+            certificate_authority: set(&self.policy.k8s_certificate_authority),
+            client_certificate: set(&self.policy.k8s_client_certificate),
+            client_key: set(&self.policy.k8s_client_key),
+        }
+    }
 }
 
 /// A copy of the raw config with secrets masked, for debug logging.
@@ -544,6 +563,10 @@ mod tests {
     #[test]
     fn bad_deadline() {
         assert!(conf(json!({"deadline_seconds": 0})).is_err());
+        let huge = conf(json!({"deadline_seconds": 1e12})).unwrap_err();
+        assert_eq!(huge.code(), 7, "{huge}");
+        assert!(conf(json!({"deadline_seconds": -1})).is_err());
+        assert!(conf(json!({"deadline_seconds": 3600})).is_ok());
         assert_eq!(
             conf(json!({"deadline_seconds": 2.5}))
                 .unwrap()

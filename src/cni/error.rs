@@ -28,6 +28,8 @@ pub mod code {
     pub const IPAM: u32 = 102;
     /// The Kubernetes API refused or failed a request.
     pub const KUBERNETES: u32 = 103;
+    /// The Kubernetes API server (or the datastore) rejected the credentials.
+    pub const UNAUTHORIZED: u32 = 103;
     /// The executable was started under a name it does not answer to, or with bad flags.
     pub const INVOCATION: u32 = 110;
     /// A bug: a panic or an impossible state.
@@ -114,6 +116,10 @@ pub enum Error {
     #[error("{0}")]
     Kubernetes(String),
 
+    /// The credentials were rejected (a 401).
+    #[error("{0}")]
+    Unauthorized(String),
+
     #[error("{0}")]
     Invocation(String),
 
@@ -140,6 +146,7 @@ impl Error {
             Error::Datastore(_) => DATASTORE,
             Error::Dataplane(_) => DATAPLANE,
             Error::Kubernetes(_) => KUBERNETES,
+            Error::Unauthorized(_) => UNAUTHORIZED,
             Error::Invocation(_) => INVOCATION,
             Error::Internal(_) => INTERNAL,
         }
@@ -189,6 +196,7 @@ impl Error {
             Error::Datastore(m) => Error::Datastore(wrap(m)),
             Error::Dataplane(m) => Error::Dataplane(wrap(m)),
             Error::Kubernetes(m) => Error::Kubernetes(wrap(m)),
+            Error::Unauthorized(m) => Error::Unauthorized(wrap(m)),
             Error::Invocation(m) => Error::Invocation(wrap(m)),
             Error::Internal(m) => Error::Internal(wrap(m)),
             // Version, env and delegated errors keep their exact text.
@@ -198,6 +206,18 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<crate::k8s::K8sError> for Error {
+    fn from(e: crate::k8s::K8sError) -> Self {
+        use crate::k8s::K8sError;
+        match e {
+            K8sError::Config(m) => Error::InvalidConfig(m),
+            K8sError::Timeout(m) => Error::TryAgainLater(m),
+            K8sError::Unauthorized(m) => Error::Unauthorized(m),
+            other => Error::Kubernetes(other.to_string()),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

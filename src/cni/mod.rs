@@ -7,6 +7,7 @@ pub mod env;
 pub mod error;
 pub mod request;
 pub mod result;
+pub mod rule_error;
 pub mod version;
 
 pub use config::NetConf;

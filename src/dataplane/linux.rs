@@ -305,26 +305,35 @@ impl PodNetwork {
     ) -> Result<NetworkingOutcome, DataplaneError> {
         let has_v4 = req.ips.iter().any(|ip| ip.addr().is_ipv4());
         let has_v6 = req.ips.iter().any(|ip| ip.addr().is_ipv6());
-        self.sysctls
-            .host(&sysctl::host_side(&req.host_veth, has_v4, has_v6))
-            .map_err(|e| {
-                DataplaneError::Sysctl(format!(
-                    "error configuring sysctls for interface: {}, error: {e}",
-                    req.host_veth
-                ))
-            })?;
-        self.sysctls
-            .pod(&sysctl::container_side(
-                &req.ifname,
-                has_v4,
-                has_v6,
-                req.allow_ip_forwarding,
+        // Sysctl writes are blocking file I/O (the pod's on a thread inside
+        // its netns): both run on the blocking pool at once, never on the
+        // runtime's thread, within the deadline.
+        let host_sysctls = sysctl::host_side(&req.host_veth, has_v4, has_v6);
+        let pod_sysctls =
+            sysctl::container_side(&req.ifname, has_v4, has_v6, req.allow_ip_forwarding);
+        let (writer_host, writer_pod) = (Arc::clone(&self.sysctls), Arc::clone(&self.sysctls));
+        let blocking = |r: Result<Result<(), DataplaneError>, tokio::task::JoinError>| {
+            r.map_err(|e| DataplaneError::Sysctl(format!("the sysctl writer failed: {e}")))?
+        };
+        let (host, pod) = tokio::time::timeout_at(req.deadline, async {
+            tokio::join!(
+                tokio::task::spawn_blocking(move || writer_host.host(&host_sysctls)),
+                tokio::task::spawn_blocking(move || writer_pod.pod(&pod_sysctls))
+            )
+        })
+        .await
+        .map_err(|_| DataplaneError::Timeout("timed out writing sysctls".into()))?;
+        blocking(host).map_err(|e| {
+            DataplaneError::Sysctl(format!(
+                "error configuring sysctls for interface: {}, error: {e}",
+                req.host_veth
             ))
-            .map_err(|e| {
-                DataplaneError::Sysctl(format!(
-                    "error configuring sysctls for the container netns, error: {e}"
-                ))
-            })?;
+        })?;
+        blocking(pod).map_err(|e| {
+            DataplaneError::Sysctl(format!(
+                "error configuring sysctls for the container netns, error: {e}"
+            ))
+        })?;
         tokio::try_join!(self.host.set_up(p.host_index), self.pod.set_up(p.pod_index))?;
 
         // The IPv6 gateway is the host veth's link-local address.

@@ -4,6 +4,7 @@
 pub mod linux;
 pub mod netlink;
 pub mod netns;
+pub mod routes;
 pub mod sysctl;
 
 #[cfg(test)]

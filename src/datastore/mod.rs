@@ -1,18 +1,110 @@
-//! Calico's datastore as the plugin sees it: the v3 resources it touches
-//! ([`model`]), the names derived from workload identity ([`names`]), the
-//! [`Datastore`] operations, and the embedded default backend ([`local`]).
+//! Calico's datastore as the plugin sees it: one generic, revision-checked
+//! resource API ([`Store`]) that every backend implements — the embedded
+//! SQLite store ([`local`]), the Kubernetes datastore ([`kubernetes`]) —
+//! over typed resources ([`model`]) that know where they live on each
+//! backend ([`Kind`]), and the names derived from workload identity
+//! ([`names`]).
+//!
+//! Every write is compare-and-swap: `create` fails with `AlreadyExists`,
+//! `update` carries the resourceVersion it read and fails with `Conflict`
+//! when the object changed since, `delete` takes resourceVersion and uid
+//! preconditions. Errors keep their kind up to the CNI edge (a timeout is
+//! code 11, rejected credentials code 103, the rest code 100).
 
 pub mod kubernetes;
 pub mod local;
 pub mod model;
 pub mod names;
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use model::{Profile, WorkloadEndpoint};
+use serde_json::Value;
 
-#[derive(Debug, thiserror::Error)]
+use model::{ClusterInformation, ObjectMeta};
+
+/// Where the objects of one kind live on each backend.
+#[derive(Debug)]
+pub struct Kind {
+    /// The v3 kind, e.g. `WorkloadEndpoint`; the SQLite key's first part.
+    pub name: &'static str,
+    /// The CRD plural (`crd.projectcalico.org/v1/<plural>`) and the path
+    /// segment of its etcd keys.
+    pub plural: &'static str,
+    pub namespaced: bool,
+    /// The etcd key of an object (Calico's layout: v3 resources under
+    /// `/calico/resources/v3/projectcalico.org/`, IPAM under
+    /// `/calico/ipam/v2/`).
+    pub etcd_key: fn(&Kind, &str, &str) -> String,
+}
+
+impl Kind {
+    /// `/calico/resources/v3/projectcalico.org/<plural>[/<namespace>]/<name>`
+    pub fn v3_etcd_key(&self, namespace: &str, name: &str) -> String {
+        if self.namespaced {
+            format!(
+                "/calico/resources/v3/projectcalico.org/{}/{namespace}/{name}",
+                self.plural
+            )
+        } else {
+            format!(
+                "/calico/resources/v3/projectcalico.org/{}/{name}",
+                self.plural
+            )
+        }
+    }
+
+    /// The API path of an object of this kind stored as a Calico CRD.
+    pub fn crd_path(&self, namespace: &str, name: &str) -> String {
+        let collection = self.crd_collection(namespace);
+        format!("{collection}/{name}")
+    }
+
+    /// The API path of this kind's CRD collection.
+    pub fn crd_collection(&self, namespace: &str) -> String {
+        if self.namespaced {
+            format!(
+                "/apis/{}/{}/namespaces/{namespace}/{}",
+                crate::k8s::client::CALICO_CRD_GROUP,
+                crate::k8s::client::CALICO_CRD_VERSION,
+                self.plural
+            )
+        } else {
+            format!(
+                "/apis/{}/{}/{}",
+                crate::k8s::client::CALICO_CRD_GROUP,
+                crate::k8s::client::CALICO_CRD_VERSION,
+                self.plural
+            )
+        }
+    }
+
+    /// `Kind(ns/name)`, `Kind(name)` for error messages.
+    pub fn describe(&self, namespace: &str, name: &str) -> String {
+        if namespace.is_empty() {
+            format!("{}({name})", self.name)
+        } else {
+            format!("{}({namespace}/{name})", self.name)
+        }
+    }
+}
+
+/// A v3 key: `Kind::v3_etcd_key` as a plain function for `Kind::etcd_key`.
+pub fn v3_key(kind: &Kind, namespace: &str, name: &str) -> String {
+    kind.v3_etcd_key(namespace, name)
+}
+
+/// A stored resource of one kind, with its metadata.
+pub trait Resource: serde::Serialize + serde::de::DeserializeOwned + Send + Sync {
+    const KIND: &'static Kind;
+    fn metadata(&self) -> &ObjectMeta;
+    fn metadata_mut(&mut self) -> &mut ObjectMeta;
+    /// Adjusts the object before every create and update (forced labels).
+    fn before_write(&mut self) {}
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DatastoreError {
     #[error("resource does not exist: {0}")]
     NotFound(String),
@@ -22,13 +114,38 @@ pub enum DatastoreError {
     Conflict(String),
     #[error("datastore unavailable: {0}")]
     Unavailable(String),
+    /// The deadline passed, or the datastore did not answer in time.
+    #[error("{0}")]
+    Timeout(String),
+    /// The datastore rejected the credentials.
+    #[error("{0}")]
+    Unauthorized(String),
     #[error("{0}")]
     Other(String),
 }
 
+impl DatastoreError {
+    /// The CNI error for this failure of `what` (e.g. "error getting
+    /// WorkloadEndpoint"), keeping its kind: a timeout is "try again later"
+    /// (11), rejected credentials are code 103, the rest a datastore error
+    /// (100).
+    pub fn context(self, what: &str) -> crate::cni::Error {
+        use crate::cni::Error;
+        match self {
+            DatastoreError::Timeout(m) => Error::TryAgainLater(format!("{what}: {m}")),
+            DatastoreError::Unauthorized(m) => Error::Unauthorized(format!("{what}: {m}")),
+            other => Error::Datastore(format!("{what}: {other}")),
+        }
+    }
+}
+
 impl From<DatastoreError> for crate::cni::Error {
     fn from(e: DatastoreError) -> Self {
-        crate::cni::Error::Datastore(e.to_string())
+        match e {
+            DatastoreError::Timeout(m) => crate::cni::Error::TryAgainLater(m),
+            DatastoreError::Unauthorized(m) => crate::cni::Error::Unauthorized(m),
+            other => crate::cni::Error::Datastore(other.to_string()),
+        }
     }
 }
 
@@ -39,51 +156,142 @@ pub struct Precondition {
     pub uid: Option<String>,
 }
 
+/// Which objects of a kind (in one namespace) a list returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListFilter {
+    All,
+    /// Names starting with this prefix.
+    NamePrefix(String),
+    /// Objects carrying every one of these labels with these values.
+    Labels(BTreeMap<String, String>),
+}
+
+impl ListFilter {
+    /// Whether an object's name and labels pass the filter.
+    pub fn admits(&self, meta: &ObjectMeta) -> bool {
+        match self {
+            ListFilter::All => true,
+            ListFilter::NamePrefix(prefix) => meta.name.starts_with(prefix.as_str()),
+            ListFilter::Labels(wanted) => wanted
+                .iter()
+                .all(|(k, v)| meta.labels.get(k).is_some_and(|have| have == v)),
+        }
+    }
+}
+
+/// The resource API every backend implements, on objects in their v3 JSON
+/// form (`kind`, `apiVersion: projectcalico.org/v3`, `metadata`, `spec`),
+/// with `metadata.resourceVersion` the backend's revision of the object.
 #[async_trait::async_trait]
-pub trait Datastore: Send + Sync {
-    /// ClusterInformation `default` has spec.datastoreReady == true (absent object or field => Ok(false)).
-    async fn cluster_ready(&self) -> Result<bool, DatastoreError>;
-
-    async fn get_workload_endpoint(
+pub trait Store: Send + Sync {
+    /// The object, `None` when absent.
+    async fn get_object(
         &self,
+        kind: &'static Kind,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<WorkloadEndpoint>, DatastoreError>;
+    ) -> Result<Option<Value>, DatastoreError>;
 
-    /// WEPs in `namespace` whose name starts with `name_prefix`, sorted by name.
-    async fn list_workload_endpoints(
+    /// The objects in `namespace` (`""` for cluster-scoped kinds) that pass
+    /// `filter`, sorted by name.
+    async fn list_objects(
         &self,
+        kind: &'static Kind,
         namespace: &str,
-        name_prefix: &str,
-    ) -> Result<Vec<WorkloadEndpoint>, DatastoreError>;
+        filter: &ListFilter,
+    ) -> Result<Vec<Value>, DatastoreError>;
 
-    /// Fails with AlreadyExists; returns the stored object with uid (random v4-style UUID),
-    /// creationTimestamp (RFC3339 UTC, e.g. 2026-11-30T01:02:03Z), resourceVersion set; forces
-    /// labels projectcalico.org/namespace=<ns> and projectcalico.org/orchestrator=<spec.orchestrator>.
-    async fn create_workload_endpoint(
+    /// Creates the object; `AlreadyExists` when one with its key exists.
+    /// Returns it as stored (uid, creationTimestamp, resourceVersion set).
+    async fn create_object(
         &self,
-        wep: &WorkloadEndpoint,
-    ) -> Result<WorkloadEndpoint, DatastoreError>;
+        kind: &'static Kind,
+        object: Value,
+    ) -> Result<Value, DatastoreError>;
 
-    /// Compare-and-swap on metadata.resourceVersion (required): mismatch => Conflict, absent =>
-    /// NotFound. uid/creationTimestamp preserved; same label forcing.
-    async fn update_workload_endpoint(
+    /// Replaces the object if its stored resourceVersion is still
+    /// `metadata.resourceVersion` (required): `Conflict` when it changed,
+    /// `NotFound` when it is gone.
+    async fn update_object(
         &self,
-        wep: &WorkloadEndpoint,
-    ) -> Result<WorkloadEndpoint, DatastoreError>;
+        kind: &'static Kind,
+        object: Value,
+    ) -> Result<Value, DatastoreError>;
 
-    /// Absent => NotFound; precondition mismatch (resourceVersion or uid, each only when Some) => Conflict.
-    async fn delete_workload_endpoint(
+    /// Deletes the object: `NotFound` when absent, `Conflict` when a
+    /// precondition does not hold.
+    async fn delete_object(
         &self,
+        kind: &'static Kind,
         namespace: &str,
         name: &str,
-        precondition: Precondition,
+        precondition: &Precondition,
     ) -> Result<(), DatastoreError>;
+}
 
-    async fn get_profile(&self, name: &str) -> Result<Option<Profile>, DatastoreError>;
+fn decode<R: Resource>(value: Value) -> Result<R, DatastoreError> {
+    serde_json::from_value(value)
+        .map_err(|e| DatastoreError::Other(format!("stored {} is malformed: {e}", R::KIND.name)))
+}
 
-    /// AlreadyExists if present.
-    async fn create_profile(&self, profile: &Profile) -> Result<Profile, DatastoreError>;
+fn encode<R: Resource>(resource: &R) -> Result<Value, DatastoreError> {
+    serde_json::to_value(resource)
+        .map_err(|e| DatastoreError::Other(format!("encoding {}: {e}", R::KIND.name)))
+}
+
+/// The typed face of the resource API.
+impl dyn Store + '_ {
+    pub async fn get<R: Resource>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<R>, DatastoreError> {
+        self.get_object(R::KIND, namespace, name)
+            .await?
+            .map(decode)
+            .transpose()
+    }
+
+    pub async fn list<R: Resource>(
+        &self,
+        namespace: &str,
+        filter: &ListFilter,
+    ) -> Result<Vec<R>, DatastoreError> {
+        self.list_objects(R::KIND, namespace, filter)
+            .await?
+            .into_iter()
+            .map(decode)
+            .collect()
+    }
+
+    pub async fn create<R: Resource>(&self, resource: &mut R) -> Result<R, DatastoreError> {
+        resource.before_write();
+        decode(self.create_object(R::KIND, encode(resource)?).await?)
+    }
+
+    pub async fn update<R: Resource>(&self, resource: &mut R) -> Result<R, DatastoreError> {
+        resource.before_write();
+        decode(self.update_object(R::KIND, encode(resource)?).await?)
+    }
+
+    pub async fn delete<R: Resource>(
+        &self,
+        namespace: &str,
+        name: &str,
+        precondition: &Precondition,
+    ) -> Result<(), DatastoreError> {
+        self.delete_object(R::KIND, namespace, name, precondition)
+            .await
+    }
+
+    /// ClusterInformation `default` has spec.datastoreReady == true (an
+    /// absent object or field is "not ready").
+    pub async fn cluster_ready(&self) -> Result<bool, DatastoreError> {
+        let info = self
+            .get::<ClusterInformation>("", ClusterInformation::NAME)
+            .await?;
+        Ok(info.and_then(|i| i.spec.datastore_ready) == Some(true))
+    }
 }
 
 /// `time` as RFC 3339 in UTC with whole seconds, e.g. `2026-11-30T01:02:03Z`.
@@ -187,9 +395,29 @@ mod tests {
     }
 
     #[test]
-    fn converts_to_cni_error() {
+    fn converts_to_cni_error_keeping_the_kind() {
         let e: crate::cni::Error = DatastoreError::NotFound("Profile(net1)".into()).into();
         assert_eq!(e.code(), crate::cni::error::code::DATASTORE);
         assert_eq!(e.to_string(), "resource does not exist: Profile(net1)");
+        let e = DatastoreError::Timeout("no answer".into()).context("error getting X");
+        assert_eq!(e.code(), crate::cni::error::code::TRY_AGAIN_LATER);
+        assert_eq!(e.to_string(), "error getting X: no answer");
+        let e = DatastoreError::Unauthorized("rejected".into()).context("error getting X");
+        assert_eq!(e.code(), crate::cni::error::code::UNAUTHORIZED);
+        let e = DatastoreError::Conflict("WorkloadEndpoint(a/b)".into()).context("error updating");
+        assert_eq!(e.code(), crate::cni::error::code::DATASTORE);
+    }
+
+    #[test]
+    fn list_filters() {
+        let mut meta = ObjectMeta::named("ns", "node1-k8s-pod-eth0");
+        meta.labels.insert("a".into(), "1".into());
+        assert!(ListFilter::All.admits(&meta));
+        assert!(ListFilter::NamePrefix("node1-k8s-".into()).admits(&meta));
+        assert!(!ListFilter::NamePrefix("node2".into()).admits(&meta));
+        let labels = |k: &str, v: &str| ListFilter::Labels(BTreeMap::from([(k.into(), v.into())]));
+        assert!(labels("a", "1").admits(&meta));
+        assert!(!labels("a", "2").admits(&meta));
+        assert!(!labels("b", "1").admits(&meta));
     }
 }

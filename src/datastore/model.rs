@@ -6,19 +6,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::{Kind, Resource, v3_key};
+
 pub const API_VERSION: &str = "projectcalico.org/v3";
 
 /// Label forced onto every WorkloadEndpoint: its namespace.
 pub const LABEL_NAMESPACE: &str = "projectcalico.org/namespace";
 /// Label forced onto every WorkloadEndpoint: its `spec.orchestrator`.
 pub const LABEL_ORCHESTRATOR: &str = "projectcalico.org/orchestrator";
-
-/// A stored resource: its kind and its metadata (namespace, name, versions).
-pub trait Resource: Serialize + serde::de::DeserializeOwned {
-    const KIND: &'static str;
-    fn metadata(&self) -> &ObjectMeta;
-    fn metadata_mut(&mut self) -> &mut ObjectMeta;
-}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
@@ -69,7 +64,7 @@ pub struct WorkloadEndpoint {
 impl Default for WorkloadEndpoint {
     fn default() -> Self {
         WorkloadEndpoint {
-            kind: Self::KIND.to_string(),
+            kind: Self::KIND.name.to_string(),
             api_version: api_version(),
             metadata: ObjectMeta::default(),
             spec: WorkloadEndpointSpec::default(),
@@ -87,12 +82,27 @@ impl WorkloadEndpoint {
 }
 
 impl Resource for WorkloadEndpoint {
-    const KIND: &'static str = "WorkloadEndpoint";
+    const KIND: &'static Kind = &Kind {
+        name: "WorkloadEndpoint",
+        plural: "workloadendpoints",
+        namespaced: true,
+        etcd_key: v3_key,
+    };
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
     }
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+    /// Calico forces the namespace and orchestrator labels.
+    fn before_write(&mut self) {
+        self.metadata
+            .labels
+            .insert(LABEL_NAMESPACE.to_string(), self.metadata.namespace.clone());
+        self.metadata.labels.insert(
+            LABEL_ORCHESTRATOR.to_string(),
+            self.spec.orchestrator.clone(),
+        );
     }
 }
 
@@ -172,7 +182,7 @@ pub struct Profile {
 impl Default for Profile {
     fn default() -> Self {
         Profile {
-            kind: Self::KIND.to_string(),
+            kind: Self::KIND.name.to_string(),
             api_version: api_version(),
             metadata: ObjectMeta::default(),
             spec: ProfileSpec::default(),
@@ -209,12 +219,21 @@ impl Profile {
 }
 
 impl Resource for Profile {
-    const KIND: &'static str = "Profile";
+    const KIND: &'static Kind = &Kind {
+        name: "Profile",
+        plural: "profiles",
+        namespaced: false,
+        etcd_key: v3_key,
+    };
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
     }
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+    /// Profiles are cluster-scoped.
+    fn before_write(&mut self) {
+        self.metadata.namespace.clear();
     }
 }
 
@@ -265,7 +284,7 @@ pub struct ClusterInformation {
 impl Default for ClusterInformation {
     fn default() -> Self {
         ClusterInformation {
-            kind: Self::KIND.to_string(),
+            kind: Self::KIND.name.to_string(),
             api_version: api_version(),
             metadata: ObjectMeta::default(),
             spec: ClusterInformationSpec::default(),
@@ -279,7 +298,12 @@ impl ClusterInformation {
 }
 
 impl Resource for ClusterInformation {
-    const KIND: &'static str = "ClusterInformation";
+    const KIND: &'static Kind = &Kind {
+        name: "ClusterInformation",
+        plural: "clusterinformations",
+        namespaced: false,
+        etcd_key: v3_key,
+    };
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
     }

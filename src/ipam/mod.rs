@@ -1,19 +1,35 @@
-//! The `calico-ipam` personality.
+//! Address management: the IPAM plugin the `calico` plugin delegates to
+//! (with host-local's special cases, [`host_local`]), and the `calico-ipam`
+//! personality ([`personality`]).
 
-use crate::cni::{CniResult, Command, Error, Request, Result};
+pub mod host_local;
+mod personality;
 
-/// Answers one calico-ipam verb.
-pub async fn handle(req: Request) -> Result<Option<CniResult>> {
-    match req.env.command {
-        Command::Version => unreachable!("VERSION is answered at the edge"),
-        // Nothing is allocated by this personality yet, so there is nothing
-        // to release, check or collect.
-        Command::Del | Command::Check | Command::Gc => Ok(None),
-        Command::Add => Err(Error::UnsupportedField(
-            "ipam.type \"calico-ipam\" is not available in this build yet: use host-local".into(),
-        )),
-        Command::Status => Err(Error::NotAvailable(
-            "calico-ipam address management is not available in this build yet".into(),
-        )),
+use tokio::time::Instant;
+
+use crate::cni::Request;
+use crate::cni::delegate::Delegate;
+
+pub use personality::handle;
+
+/// The IPAM plugin of this request, bounded by `deadline`.
+pub fn delegate(req: &Request, deadline: Instant) -> Delegate<'_> {
+    Delegate {
+        plugin: &req.conf.ipam.kind,
+        path: &req.env.path,
+        env: &req.env.vars,
+        extra_args: None,
+        deadline,
     }
+}
+
+/// The config the IPAM plugin gets to release an allocation (DEL, and the
+/// rollback of a failed ADD): the request's own, with host-local's
+/// `usePodCidr` placeholders made valid.
+pub fn release_config(req: &Request) -> serde_json::Value {
+    let mut config = req.raw.clone();
+    if req.conf.ipam.kind == "host-local" {
+        host_local::release_pod_cidrs(&mut config);
+    }
+    config
 }

@@ -1,10 +1,10 @@
-//! The Kubernetes API client of one invocation, built with kube from the
-//! network config: `kubernetes.kubeconfig`, the `kubernetes.k8s_api_root` /
-//! `policy.k8s_api_root` overrides, `policy.k8s_auth_token` and the
-//! certificate options. Every process reads the kubeconfig (and a token or
-//! tokenFile in it) afresh, every request has a timeout and the whole call
-//! the invocation's deadline, and a rejected token is reported with the
-//! kubeconfig it came from and, for a JWT, when it expired.
+//! The Kubernetes API client of one invocation, built with kube from a
+//! [`K8sConfig`]: a kubeconfig and its overrides (API root, token,
+//! certificates). Every process reads the kubeconfig (and a token or
+//! tokenFile in it) afresh, every request is bounded by [`REQUEST_TIMEOUT`]
+//! and the whole call by the invocation's deadline, and a rejected token is
+//! reported with the kubeconfig it came from and, for a JWT, when it
+//! expired.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::cni::NetConf;
+use crate::k8s::config::K8sConfig;
 use crate::k8s::objects::{Namespace, Node, Pod};
 
 /// How long one request may take at most (the deadline may cut it shorter).
@@ -37,16 +37,12 @@ pub enum K8sError {
     /// The deadline passed, or the server did not answer in time.
     #[error("{0}")]
     Timeout(String),
-}
-
-impl From<K8sError> for crate::cni::Error {
-    fn from(e: K8sError) -> Self {
-        match e {
-            K8sError::Config(m) => crate::cni::Error::InvalidConfig(m),
-            K8sError::Timeout(m) => crate::cni::Error::TryAgainLater(m),
-            other => crate::cni::Error::Kubernetes(other.to_string()),
-        }
-    }
+    /// 409 Conflict: a resourceVersion or uid precondition failed.
+    #[error("update conflict: {0}")]
+    Conflict(String),
+    /// 409 AlreadyExists.
+    #[error("{0}")]
+    AlreadyExists(String),
 }
 
 /// Where the credentials came from, for error messages (never the secret).
@@ -180,14 +176,11 @@ fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, K8sError> {
 }
 
 impl K8sClient {
-    /// Builds the client for this invocation from the network config.
-    pub async fn from_conf(conf: &NetConf, deadline: Instant) -> Result<K8sClient, K8sError> {
-        let root = [&conf.kubernetes.k8s_api_root, &conf.policy.k8s_api_root]
-            .into_iter()
-            .find(|r| !r.is_empty())
-            .map(|r| api_root(r).to_string());
-        let kubeconfig_path = (!conf.kubernetes.kubeconfig.is_empty())
-            .then(|| PathBuf::from(&conf.kubernetes.kubeconfig));
+    /// Builds the client for one invocation, whose requests all end by
+    /// `deadline`.
+    pub async fn new(conf: &K8sConfig, deadline: Instant) -> Result<K8sClient, K8sError> {
+        let root = conf.api_root.as_deref().map(|r| api_root(r).to_string());
+        let kubeconfig_path = conf.kubeconfig.clone();
         let mut credentials = Credentials {
             kubeconfig: kubeconfig_path.clone(),
             ..Credentials::default()
@@ -222,8 +215,8 @@ impl K8sClient {
             if let Some(root) = &root {
                 cluster.server = Some(root.clone());
             }
-            if !conf.policy.k8s_certificate_authority.is_empty() {
-                cluster.certificate_authority = Some(conf.policy.k8s_certificate_authority.clone());
+            if let Some(ca) = &conf.certificate_authority {
+                cluster.certificate_authority = Some(ca.clone());
                 cluster.certificate_authority_data = None;
             }
         }
@@ -237,8 +230,8 @@ impl K8sClient {
             .find(|a| Some(&a.name) == context.user.as_ref())
             .and_then(|auth| auth.auth_info.as_mut())
         {
-            if !conf.policy.k8s_auth_token.is_empty() {
-                credentials.token = Some(conf.policy.k8s_auth_token.clone());
+            if let Some(token) = &conf.token {
+                credentials.token = Some(token.clone());
                 credentials.token_source = "policy.k8s_auth_token".into();
             } else if let Some(token) = &info.token {
                 credentials.token = Some(token.expose_secret().to_string());
@@ -261,12 +254,12 @@ impl K8sClient {
             // The bearer token is added per request below.
             info.token = None;
             info.token_file = None;
-            if !conf.policy.k8s_client_certificate.is_empty() {
-                info.client_certificate = Some(conf.policy.k8s_client_certificate.clone());
+            if let Some(cert) = &conf.client_certificate {
+                info.client_certificate = Some(cert.clone());
                 info.client_certificate_data = None;
             }
-            if !conf.policy.k8s_client_key.is_empty() {
-                info.client_key = Some(conf.policy.k8s_client_key.clone());
+            if let Some(key) = &conf.client_key {
+                info.client_key = Some(key.clone());
                 info.client_key_data = None;
             }
         }
@@ -313,6 +306,12 @@ impl K8sClient {
     fn map_err(&self, what: &str, e: kube::Error) -> K8sError {
         match e {
             kube::Error::Api(status) if status.code == 401 => self.describe_unauthorized(&status),
+            kube::Error::Api(status) if status.code == 409 && status.reason == "AlreadyExists" => {
+                K8sError::AlreadyExists(format!("{what}: {}", status.message))
+            }
+            kube::Error::Api(status) if status.code == 409 => {
+                K8sError::Conflict(format!("{what}: {}", status.message))
+            }
             kube::Error::Api(status) => {
                 K8sError::Api(format!("{what}: {} ({})", status.message, status.code))
             }
@@ -327,16 +326,22 @@ impl K8sClient {
         }
     }
 
-    /// Runs one request within the invocation's deadline; 404 is `None`.
-    async fn call<T>(
+    /// Sends one request, bounded by [`REQUEST_TIMEOUT`] and the
+    /// invocation's deadline; 404 is `None`.
+    async fn call<T: DeserializeOwned>(
         &self,
         what: &str,
-        request: impl std::future::Future<Output = Result<T, kube::Error>>,
+        request: http::Request<Vec<u8>>,
     ) -> Result<Option<T>, K8sError> {
         let remaining = self.deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, request).await {
-            Err(_) => Err(K8sError::Timeout(format!(
+        let limit = remaining.min(REQUEST_TIMEOUT);
+        match tokio::time::timeout(limit, self.client.request::<T>(request)).await {
+            Err(_) if limit < REQUEST_TIMEOUT => Err(K8sError::Timeout(format!(
                 "{what}: no answer from the Kubernetes API server within the deadline"
+            ))),
+            Err(_) => Err(K8sError::Timeout(format!(
+                "{what}: no answer from the Kubernetes API server within {}s",
+                REQUEST_TIMEOUT.as_secs()
             ))),
             Ok(Ok(v)) => Ok(Some(v)),
             Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(None),
@@ -344,27 +349,113 @@ impl K8sClient {
         }
     }
 
-    /// One request to `path` (which must be made of valid names).
-    async fn send<T: DeserializeOwned>(
-        &self,
-        request: http::Request<Vec<u8>>,
-    ) -> Result<T, kube::Error> {
-        self.client.request::<T>(request).await
+    fn request(
+        method: http::Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: Option<&Value>,
+    ) -> http::Request<Vec<u8>> {
+        let mut builder = http::Request::builder().method(method).uri(path);
+        if let Some(ct) = content_type {
+            builder = builder.header(http::header::CONTENT_TYPE, ct);
+        }
+        builder
+            .body(body.map_or_else(Vec::new, |b| {
+                serde_json::to_vec(b).expect("JSON values serialize")
+            }))
+            .expect("a request of valid names builds")
     }
 
-    fn get(path: &str) -> http::Request<Vec<u8>> {
-        http::Request::get(path)
-            .body(Vec::new())
-            .expect("a GET request builds")
+    /// GET of one object at `path` (made of valid names); 404 is `None`.
+    pub async fn get_json(&self, what: &str, path: &str) -> Result<Option<Value>, K8sError> {
+        self.call(what, Self::request(http::Method::GET, path, None, None))
+            .await
     }
 
-    /// GET of one object; 404 is `None`.
-    async fn get_object<T: DeserializeOwned>(
+    /// The items of a collection, optionally with a label selector.
+    pub async fn list_json(
         &self,
-        what: String,
-        path: String,
-    ) -> Result<Option<T>, K8sError> {
-        self.call(&what, self.send(Self::get(&path))).await
+        what: &str,
+        path: &str,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<Value>, K8sError> {
+        let path = match label_selector {
+            Some(selector) => format!("{path}?labelSelector={}", query_escape(selector)),
+            None => path.to_string(),
+        };
+        let list: Option<Value> = self
+            .call(what, Self::request(http::Method::GET, &path, None, None))
+            .await?;
+        Ok(
+            match list.and_then(|mut l| l.get_mut("items").map(Value::take)) {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            },
+        )
+    }
+
+    /// POST of a new object into the collection at `path`; a 409 is
+    /// [`K8sError::AlreadyExists`].
+    pub async fn create_json(
+        &self,
+        what: &str,
+        path: &str,
+        object: &Value,
+    ) -> Result<Value, K8sError> {
+        let request = Self::request(
+            http::Method::POST,
+            path,
+            Some("application/json"),
+            Some(object),
+        );
+        self.call(what, request)
+            .await?
+            .ok_or_else(|| K8sError::Api(format!("{what}: the collection does not exist")))
+    }
+
+    /// PUT of an object carrying the resourceVersion it was read at: a 409
+    /// is [`K8sError::Conflict`], a 404 `None`.
+    pub async fn replace_json(
+        &self,
+        what: &str,
+        path: &str,
+        object: &Value,
+    ) -> Result<Option<Value>, K8sError> {
+        let request = Self::request(
+            http::Method::PUT,
+            path,
+            Some("application/json"),
+            Some(object),
+        );
+        self.call(what, request).await
+    }
+
+    /// DELETE, with uid and resourceVersion preconditions when given: a 409
+    /// is [`K8sError::Conflict`], a 404 `None`.
+    pub async fn delete_json(
+        &self,
+        what: &str,
+        path: &str,
+        uid: Option<&str>,
+        resource_version: Option<&str>,
+    ) -> Result<Option<()>, K8sError> {
+        let mut preconditions = serde_json::Map::new();
+        if let Some(uid) = uid {
+            preconditions.insert("uid".into(), uid.into());
+        }
+        if let Some(rv) = resource_version {
+            preconditions.insert("resourceVersion".into(), rv.into());
+        }
+        let body = serde_json::json!({
+            "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions
+        });
+        let request = Self::request(
+            http::Method::DELETE,
+            path,
+            Some("application/json"),
+            Some(&body),
+        );
+        Ok(self.call::<Value>(what, request).await?.map(|_| ()))
     }
 
     pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, K8sError> {
@@ -373,56 +464,47 @@ impl K8sClient {
             segment(namespace)?,
             segment(name)?
         );
-        self.get_object(format!("error getting pod {namespace}/{name}"), path)
+        let what = format!("error getting pod {namespace}/{name}");
+        self.call(&what, Self::request(http::Method::GET, &path, None, None))
             .await
     }
 
     pub async fn namespace(&self, name: &str) -> Result<Option<Namespace>, K8sError> {
         let path = format!("/api/v1/namespaces/{}", segment(name)?);
-        self.get_object(format!("error getting namespace {name}"), path)
+        let what = format!("error getting namespace {name}");
+        self.call(&what, Self::request(http::Method::GET, &path, None, None))
             .await
     }
 
     pub async fn node(&self, name: &str) -> Result<Option<Node>, K8sError> {
         let path = format!("/api/v1/nodes/{}", segment(name)?);
-        self.get_object(format!("error getting node {name}"), path)
+        let what = format!("error getting node {name}");
+        self.call(&what, Self::request(http::Method::GET, &path, None, None))
             .await
     }
 
     /// Strategic-merge PATCH of a pod's `status` subresource; `Ok(None)`
     /// when the pod does not exist. A 409 (a failed resourceVersion or uid
-    /// precondition) is [`PatchError::Conflict`].
+    /// precondition) is [`K8sError::Conflict`].
     pub async fn patch_pod_status(
         &self,
         namespace: &str,
         name: &str,
         patch: &Value,
-    ) -> Result<Option<Pod>, PatchError> {
+    ) -> Result<Option<Pod>, K8sError> {
         let path = format!(
             "/api/v1/namespaces/{}/pods/{}/status",
-            segment(namespace).map_err(PatchError::Other)?,
-            segment(name).map_err(PatchError::Other)?
+            segment(namespace)?,
+            segment(name)?
         );
-        let request = http::Request::patch(path)
-            .header(
-                http::header::CONTENT_TYPE,
-                "application/strategic-merge-patch+json",
-            )
-            .body(serde_json::to_vec(patch).expect("JSON values serialize"))
-            .expect("a PATCH request builds");
-        let remaining = self.deadline.saturating_duration_since(Instant::now());
         let what = format!("error patching pod {namespace}/{name}");
-        match tokio::time::timeout(remaining, self.send::<Pod>(request)).await {
-            Err(_) => Err(PatchError::Other(K8sError::Timeout(format!(
-                "{what}: no answer within the deadline"
-            )))),
-            Ok(Ok(pod)) => Ok(Some(pod)),
-            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(None),
-            Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
-                Err(PatchError::Conflict(status.message.clone()))
-            }
-            Ok(Err(e)) => Err(PatchError::Other(self.map_err(&what, e))),
-        }
+        let request = Self::request(
+            http::Method::PATCH,
+            &path,
+            Some("application/strategic-merge-patch+json"),
+            Some(patch),
+        );
+        self.call(&what, request).await
     }
 
     /// One cluster-scoped Calico CRD object (crd.projectcalico.org/v1), as JSON.
@@ -436,14 +518,26 @@ impl K8sClient {
             "/apis/{CALICO_CRD_GROUP}/{CALICO_CRD_VERSION}/{plural}/{}",
             segment(name)?
         );
-        self.get_object(format!("error getting {kind}({name})"), path)
+        self.get_json(&format!("error getting {kind}({name})"), &path)
             .await
     }
 }
 
+/// A label selector as a query parameter value.
+fn query_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
 /// A name as one URL path segment: Kubernetes names never need escaping,
 /// so anything that would is refused rather than sent.
-fn segment(name: &str) -> Result<&str, K8sError> {
+pub fn segment(name: &str) -> Result<&str, K8sError> {
     if name.is_empty()
         || !name
             .bytes()
@@ -454,15 +548,6 @@ fn segment(name: &str) -> Result<&str, K8sError> {
         )));
     }
     Ok(name)
-}
-
-/// A PATCH failed: a precondition (409), or anything else.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum PatchError {
-    #[error("update conflict: {0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Other(K8sError),
 }
 
 #[cfg(test)]

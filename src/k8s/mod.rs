@@ -1,12 +1,9 @@
-//! Kubernetes mode: the API client, Calico's annotation rules, CmdAddK8s and
-//! CmdDelK8s.
+//! The Kubernetes API client and the object types it reads: a leaf that
+//! depends on nothing else in this crate (its own [`K8sConfig`]).
 
-pub mod add;
 pub mod client;
-pub mod del;
+pub mod config;
 pub mod objects;
-pub mod rules;
 
-pub use add::cmd_add_k8s;
 pub use client::{K8sClient, K8sError};
-pub use del::cmd_del_k8s;
+pub use config::K8sConfig;

@@ -8,16 +8,15 @@ use serde_json::Value;
 
 use crate::cni::env::Command;
 use crate::cni::result::{CniResult, Interface, IpConfig};
-use crate::cni::{Error, Request, Result};
+use crate::cni::{Error, Result};
 use crate::dataplane::MacAddr;
 use crate::dataplane::linux::{Networking, PodNetwork, delete_host_veth};
+use crate::dataplane::routes::{container_routes_for, host_prefix};
 use crate::datastore::model::{Profile, WorkloadEndpoint};
 use crate::datastore::names::{WepIdentifiers, sanitize_mesos_label};
-use crate::datastore::{Datastore, Precondition};
-use crate::plugin::{
-    datastore_err, default_routes, ensure_ready, host_prefix, host_veth_name, identifiers,
-    inject_fault, ipam, nodename, open_datastore, wep_namespace,
-};
+use crate::datastore::{DatastoreError, ListFilter, Precondition, Store};
+use crate::plugin::context::{Context, datastore_err};
+use crate::plugin::inject_fault;
 
 /// What an ADD has done so far, to be undone if a later step fails.
 #[derive(Default)]
@@ -30,23 +29,40 @@ struct Undo {
 }
 
 impl Undo {
-    async fn run(self, req: &Request, store: &dyn Datastore) {
+    /// Undoes every step, each failure logged and the rest still done, on
+    /// a budget of its own (the ADD's deadline may be what failed it).
+    async fn run(self, ctx: &Context, store: &dyn Store) {
+        let deadline = ctx.cleanup_deadline();
+        let bounded = |what: &'static str| {
+            move |_| tracing::error!("rollback: {what} did not finish within the cleanup budget")
+        };
         if let Some((ns, name, uid)) = self.endpoint {
             let pre = Precondition {
                 resource_version: None,
                 uid: Some(uid),
             };
-            if let Err(e) = store.delete_workload_endpoint(&ns, &name, pre).await {
-                tracing::error!("rollback: failed to delete WorkloadEndpoint {ns}/{name}: {e}");
+            match tokio::time::timeout_at(
+                deadline,
+                store.delete::<WorkloadEndpoint>(&ns, &name, &pre),
+            )
+            .await
+            {
+                Ok(Err(e)) => {
+                    tracing::error!("rollback: failed to delete WorkloadEndpoint {ns}/{name}: {e}")
+                }
+                Err(e) => bounded("deleting the WorkloadEndpoint")(e),
+                Ok(Ok(())) => {}
             }
         }
-        if let Some(veth) = self.host_veth
-            && let Err(e) = delete_host_veth(&veth).await
-        {
-            tracing::error!("rollback: failed to delete veth {veth}: {e}");
+        if let Some(veth) = self.host_veth {
+            match tokio::time::timeout_at(deadline, delete_host_veth(&veth)).await {
+                Ok(Err(e)) => tracing::error!("rollback: failed to delete veth {veth}: {e}"),
+                Err(e) => bounded("deleting the host veth")(e),
+                Ok(Ok(_)) => {}
+            }
         }
         if let Some(config) = self.ipam_release
-            && let Err(e) = ipam(req).run(Command::Del, &config).await
+            && let Err(e) = ctx.ipam_for_cleanup().run(Command::Del, &config).await
         {
             tracing::error!("rollback: failed to release the IPAM allocation: {e}");
         }
@@ -68,6 +84,9 @@ pub struct Plan {
     pub ipam_release_config: Value,
     /// Addresses given without IPAM (ipAddrsNoIpam): no IPAM call.
     pub fixed_ips: Option<Vec<IpNet>>,
+    /// The container whose endpoint this ADD takes over (the record it
+    /// read was that container's), if any.
+    pub replaces: Option<String>,
     /// Applied to the record once the addresses are known.
     pub finalize: Finalize,
 }
@@ -79,23 +98,24 @@ pub type Finalize = Box<dyn FnOnce(&mut WorkloadEndpoint, &[IpNet]) -> Result<()
 /// while the veth pair is made), DoNetworking, the record, the profile.
 /// Every step is undone if a later one fails.
 pub async fn add_endpoint(
-    req: &Request,
-    store: &dyn Datastore,
+    ctx: &Context,
+    store: &dyn Store,
     plan: Plan,
     ipam_add: Option<impl std::future::Future<Output = Result<CniResult>>>,
 ) -> Result<CniResult> {
     let mut undo = Undo::default();
-    match add_new(req, store, plan, ipam_add, &mut undo).await {
+    match add_new(ctx, store, plan, ipam_add, &mut undo).await {
         Ok(result) => Ok(result),
         Err(e) => {
-            undo.run(req, store).await;
+            undo.run(ctx, store).await;
             Err(e)
         }
     }
 }
 
 /// Checks that need nothing but the config (the dataplane choice).
-pub fn validate_dataplane(req: &Request) -> Result<()> {
+pub fn validate_dataplane(ctx: &Context) -> Result<()> {
+    let req = &ctx.req;
     match req.conf.device_type.as_str() {
         "" | "veth" => {}
         "netkit" => {
@@ -126,8 +146,9 @@ pub fn validate_dataplane(req: &Request) -> Result<()> {
 }
 
 /// Labels from Mesos' `args` (plain CNI only).
-fn mesos_labels(req: &Request, wep: &mut WorkloadEndpoint) {
-    let labels = req
+fn mesos_labels(ctx: &Context, wep: &mut WorkloadEndpoint) {
+    let labels = ctx
+        .req
         .conf
         .args
         .get("org.apache.mesos")
@@ -153,12 +174,13 @@ fn mesos_labels(req: &Request, wep: &mut WorkloadEndpoint) {
 /// The printed result for an endpoint: host veth, container interface,
 /// every address at index 1.
 fn endpoint_result(
-    req: &Request,
+    ctx: &Context,
     host_veth: &str,
     mac: &str,
     ips: &[IpNet],
     from_ipam: Option<&CniResult>,
 ) -> CniResult {
+    let req = &ctx.req;
     let mtu = u32::try_from(req.conf.mtu).ok().filter(|m| *m > 0);
     CniResult {
         interfaces: vec![
@@ -188,68 +210,65 @@ fn endpoint_result(
 }
 
 /// cmdAdd.
-pub async fn cmd_add(req: &Request) -> Result<CniResult> {
-    inject_fault(req, "start")?;
+pub async fn cmd_add(ctx: &Context) -> Result<CniResult> {
+    let req = &ctx.req;
+    inject_fault(ctx, "start")?;
     // Prelude: everything that can be refused before any state changes.
     req.conf.check_nodename_file()?;
     let mtu = req.conf.resolve_mtu()?;
-    validate_dataplane(req)?;
+    validate_dataplane(ctx)?;
     if !req.conf.readiness_gates.is_empty() {
-        crate::plugin::readiness::wait_for_gates(&req.conf.readiness_gates, req.deadline).await?;
+        crate::plugin::readiness::wait_for_gates(&req.conf.readiness_gates, ctx.deadline()).await?;
     }
     if req.env.args.k8s_pod().is_some() {
-        return crate::k8s::cmd_add_k8s(req, mtu).await;
+        return crate::plugin::cmd_add_k8s(ctx, mtu).await;
     }
     if req.conf.feature_control.ip_addrs_no_ipam {
         return Err(Error::UnsupportedField(
             "requested feature is not supported for this runtime: ip_addrs_no_ipam".into(),
         ));
     }
-    let node = nodename(req);
-    let ids = identifiers(req, &node);
-    let namespace = wep_namespace(req);
     // The IPAM plugin is started now and waits for its config on stdin: its
     // start-up overlaps the datastore lookups below. It is killed unused if
     // this ADD takes another path (nothing happens before it reads stdin).
-    let ipam = ipam(req);
+    let ipam = ctx.ipam();
     let ipam_process = ipam.spawn(Command::Add).await?;
-    let store = open_datastore(req).await?;
-    ensure_ready(store.as_ref()).await?;
+    let store = ctx.store().await?.as_ref();
+    ctx.ensure_ready().await?;
     tracing::debug!("datastore ready");
 
     // Is there an endpoint for this workload already?
-    let existing = find_existing(store.as_ref(), &ids, &namespace).await?;
+    let existing = find_existing(store, &ctx.ids, &ctx.namespace).await?;
     if let Some(wep) = existing {
-        return add_to_existing(req, store.as_ref(), wep).await;
+        return add_to_existing(ctx, store, wep).await;
     }
-    let name = ids.name().map_err(|e| {
-        Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
-    })?;
-    let mut wep = WorkloadEndpoint::new(&namespace, &name);
-    mesos_labels(req, &mut wep);
+    let name = ctx.endpoint_name()?;
+    let mut wep = WorkloadEndpoint::new(&ctx.namespace, &name);
+    mesos_labels(ctx, &mut wep);
     wep.spec.endpoint = req.env.ifname.clone();
-    wep.spec.node = node;
+    wep.spec.node = ctx.node.clone();
     wep.spec.orchestrator = "cni".into();
     wep.spec.container_id = req.env.container_id.clone();
     wep.spec.profiles = vec![req.conf.name.clone()];
     let plan = Plan {
         wep,
-        host_veth: host_veth_name(req),
+        host_veth: ctx.host_veth.clone(),
         mtu,
         routes: Vec::new(),
         container_mac: None,
         ipam_release_config: req.raw.clone(),
         fixed_ips: None,
+        replaces: None,
         finalize: Box::new(|_, _| Ok(())),
     };
     let ipam_add = ipam.add_on(&req.raw, Some(ipam_process));
-    add_endpoint(req, store.as_ref(), plan, Some(ipam_add)).await
+    add_endpoint(ctx, store, plan, Some(ipam_add)).await
 }
 
 /// The endpoint already recorded for this workload, if any: a prefix
 /// lookup filtered by NameMatches (interface ignored).
 pub async fn find_existing(
-    store: &dyn Datastore,
+    store: &dyn Store,
     ids: &WepIdentifiers,
     namespace: &str,
 ) -> Result<Option<WorkloadEndpoint>> {
@@ -257,7 +276,7 @@ pub async fn find_existing(
     let mut ids = ids.clone();
     ids.endpoint.clear();
     Ok(store
-        .list_workload_endpoints(namespace, &prefix)
+        .list::<WorkloadEndpoint>(namespace, &ListFilter::NamePrefix(prefix))
         .await
         .map_err(datastore_err("error listing WorkloadEndpoints"))?
         .into_iter()
@@ -265,7 +284,7 @@ pub async fn find_existing(
 }
 
 /// The name prefix that finds this workload's endpoints on any interface.
-fn lookup_prefix(ids: &WepIdentifiers) -> Result<String> {
+pub fn lookup_prefix(ids: &WepIdentifiers) -> Result<String> {
     let mut ids = ids.clone();
     ids.endpoint.clear();
     ids.name_prefix()
@@ -276,20 +295,20 @@ fn lookup_prefix(ids: &WepIdentifiers) -> Result<String> {
 /// profile is added, the result rebuilt from the endpoint; no IPAM, no
 /// networking.
 async fn add_to_existing(
-    req: &Request,
-    store: &dyn Datastore,
+    ctx: &Context,
+    store: &dyn Store,
     mut wep: WorkloadEndpoint,
 ) -> Result<CniResult> {
     tracing::info!(endpoint = %wep.metadata.name, "endpoint already exists; reusing it");
-    let profile = req.conf.name.clone();
+    let profile = ctx.req.conf.name.clone();
     if !wep.spec.profiles.contains(&profile) {
         wep.spec.profiles.push(profile);
     }
     let wep = store
-        .update_workload_endpoint(&wep)
+        .update(&mut wep)
         .await
         .map_err(datastore_err("error updating WorkloadEndpoint"))?;
-    ensure_profile(req, store).await?;
+    ensure_profile(ctx, store).await?;
     let ips: Vec<IpNet> = wep
         .spec
         .ip_networks
@@ -299,37 +318,75 @@ async fn add_to_existing(
                 .map_err(|e| Error::Datastore(format!("bad ipNetworks entry {s:?}: {e}")))
         })
         .collect::<Result<_>>()?;
-    let mut result = endpoint_result(req, &wep.spec.interface_name, &wep.spec.mac, &ips, None);
+    let mut result = endpoint_result(ctx, &wep.spec.interface_name, &wep.spec.mac, &ips, None);
     result.interfaces[1].name = wep.spec.endpoint.clone();
     Ok(result)
 }
 
 /// Profile creation when `policy.type` is empty: created once, never updated.
-async fn ensure_profile(req: &Request, store: &dyn Datastore) -> Result<()> {
-    if !req.conf.policy.kind.is_empty() {
+async fn ensure_profile(ctx: &Context, store: &dyn Store) -> Result<()> {
+    let name = &ctx.req.conf.name;
+    if !ctx.req.conf.policy.kind.is_empty() {
         return Ok(());
     }
-    let name = &req.conf.name;
-    match store.get_profile(name).await {
+    match store.get::<Profile>("", name).await {
         Ok(Some(_)) => Ok(()),
-        Ok(None) => match store
-            .create_profile(&Profile::for_network(name, false))
-            .await
-        {
-            Ok(_) | Err(crate::datastore::DatastoreError::AlreadyExists(_)) => Ok(()),
-            Err(e) => Err(Error::Datastore(format!(
-                "error creating profile {name}: {e}"
-            ))),
+        Ok(None) => match store.create(&mut Profile::for_network(name, false)).await {
+            Ok(_) | Err(DatastoreError::AlreadyExists(_)) => Ok(()),
+            Err(e) => Err(e.context(&format!("error creating profile {name}"))),
         },
-        Err(e) => Err(Error::Datastore(format!(
-            "error getting profile {name}: {e}"
-        ))),
+        Err(e) => Err(e.context(&format!("error getting profile {name}"))),
     }
 }
 
+/// Attempts at updating an endpoint that keeps changing underneath.
+const WRITE_ATTEMPTS: usize = 3;
+
+/// Writes the endpoint record: a create, or (taking over the endpoint of
+/// container `replaces`, or this container's own) an update on the
+/// revision read. An update refused because the record changed since is
+/// retried on a fresh read, unless the record now belongs to yet another
+/// container: it is never overwritten blindly.
+async fn write_endpoint(
+    store: &dyn Store,
+    wep: &mut WorkloadEndpoint,
+    replaces: Option<&str>,
+) -> Result<WorkloadEndpoint, DatastoreError> {
+    if wep.metadata.resource_version.is_empty() {
+        return store.create(wep).await;
+    }
+    for attempt in 1..=WRITE_ATTEMPTS {
+        match store.update(wep).await {
+            Err(DatastoreError::Conflict(e)) if attempt < WRITE_ATTEMPTS => {
+                tracing::info!(
+                    attempt,
+                    "endpoint changed while writing it ({e}); reading it again"
+                );
+                let (namespace, name) = (&wep.metadata.namespace, &wep.metadata.name);
+                let current = store
+                    .get::<WorkloadEndpoint>(namespace, name)
+                    .await?
+                    .ok_or_else(|| {
+                        DatastoreError::NotFound(format!("WorkloadEndpoint({namespace}/{name})"))
+                    })?;
+                let owner = current.spec.container_id.as_str();
+                if !(owner.is_empty() || owner == wep.spec.container_id || Some(owner) == replaces)
+                {
+                    return Err(DatastoreError::Conflict(format!(
+                        "WorkloadEndpoint {name} now belongs to container {owner}"
+                    )));
+                }
+                wep.metadata.resource_version = current.metadata.resource_version;
+            }
+            other => return other,
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
 async fn add_new(
-    req: &Request,
-    store: &dyn Datastore,
+    ctx: &Context,
+    store: &dyn Store,
     plan: Plan,
     ipam_add: Option<impl std::future::Future<Output = Result<CniResult>>>,
     undo: &mut Undo,
@@ -342,8 +399,10 @@ async fn add_new(
         container_mac,
         ipam_release_config,
         fixed_ips,
+        replaces,
         finalize,
     } = plan;
+    let req = &ctx.req;
     let mut networking = Networking {
         ifname: req.env.ifname.clone(),
         host_veth: host_veth.clone(),
@@ -354,7 +413,7 @@ async fn add_new(
         container_mac,
         allow_ip_forwarding: req.conf.container_settings.allow_ip_forwarding,
         skip_host_routes: false,
-        deadline: req.deadline,
+        deadline: ctx.deadline(),
     };
     // 1. Addresses from the IPAM plugin, while the veth pair is made: the
     //    pair needs no address, and the plugin runs in its own process.
@@ -404,7 +463,7 @@ async fn add_new(
     let ipam_result = ipam_result?;
     let (pod, prepared) = prepared?;
     tracing::debug!("IPAM and veth pair done");
-    inject_fault(req, "ipam")?;
+    inject_fault(ctx, "ipam")?;
     if ipam_result.ips.is_empty() {
         return Err(Error::Ipam(
             "IPAM plugin returned no IP addresses in result".into(),
@@ -417,22 +476,13 @@ async fn add_new(
         .collect();
 
     // 2. The rest of DoNetworking.
-    // Only routes of the families the pod has addresses in.
-    networking.routes = if routes.is_empty() {
-        default_routes(&ips)
-    } else {
-        let families = |r: &IpNet| {
-            ips.iter()
-                .any(|ip| ip.addr().is_ipv6() == r.addr().is_ipv6())
-        };
-        routes.into_iter().filter(families).collect()
-    };
+    networking.routes = container_routes_for(routes, &ips);
     networking.ips = ips.clone();
     let outcome = tokio::time::timeout(req.remaining(), pod.finish(&prepared, &networking))
         .await
         .map_err(|_| Error::TryAgainLater("timed out setting up the pod network".into()))??;
     tracing::debug!("networking done");
-    inject_fault(req, "networking")?;
+    inject_fault(ctx, "networking")?;
     let mac = outcome.container_mac.to_string();
 
     // 3. The endpoint record.
@@ -440,25 +490,23 @@ async fn add_new(
     wep.spec.mac = mac.clone();
     wep.spec.interface_name = host_veth.clone();
     finalize(&mut wep, &ips)?;
-    let stored = match wep.metadata.resource_version.is_empty() {
-        true => store.create_workload_endpoint(&wep).await,
-        false => store.update_workload_endpoint(&wep).await,
-    }
-    .map_err(datastore_err("error writing WorkloadEndpoint"))?;
+    let stored = write_endpoint(store, &mut wep, replaces.as_deref())
+        .await
+        .map_err(datastore_err("error writing WorkloadEndpoint"))?;
     undo.endpoint = Some((
         wep.metadata.namespace.clone(),
         wep.metadata.name.clone(),
         stored.metadata.uid.clone(),
     ));
     tracing::debug!("endpoint stored");
-    inject_fault(req, "endpoint")?;
+    inject_fault(ctx, "endpoint")?;
 
     // 4. The network's profile.
-    ensure_profile(req, store).await?;
-    inject_fault(req, "profile")?;
+    ensure_profile(ctx, store).await?;
+    inject_fault(ctx, "profile")?;
 
     // Check that the result prints in the config's version before committing.
-    let result = endpoint_result(req, &host_veth, &mac, &ips, Some(&ipam_result));
+    let result = endpoint_result(ctx, &host_veth, &mac, &ips, Some(&ipam_result));
     result.to_version(req.version)?;
     Ok(result)
 }

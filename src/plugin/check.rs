@@ -6,16 +6,16 @@ use ipnet::IpNet;
 
 use crate::cni::env::Command;
 use crate::cni::result::CniResult;
-use crate::cni::{Error, Request, Result};
+use crate::cni::{Error, Result};
 use crate::dataplane::MacAddr;
 use crate::dataplane::linux::{Networking, PodNetwork};
-use crate::plugin::{
-    default_routes, ensure_ready, host_prefix, host_veth_name, identifiers, ipam, nodename,
-    open_datastore, wep_namespace,
-};
+use crate::dataplane::routes::{container_routes_for, host_prefix};
+use crate::datastore::model::WorkloadEndpoint;
+use crate::plugin::context::{Context, datastore_err};
 
 /// cmdCheck.
-pub async fn cmd_check(req: &Request) -> Result<()> {
+pub async fn cmd_check(ctx: &Context) -> Result<()> {
+    let req = &ctx.req;
     let prev = req
         .conf
         .prev_result
@@ -54,33 +54,38 @@ pub async fn cmd_check(req: &Request) -> Result<()> {
         .iter()
         .find(|i| i.sandbox.as_deref().unwrap_or("").is_empty())
         .map(|i| i.name.clone())
-        .unwrap_or_else(|| host_veth_name(req));
+        .unwrap_or_else(|| ctx.host_veth.clone());
+    // The routes ADD made: Kubernetes pods with host-local get its
+    // `ipam.routes` (plain CNI always gets the defaults).
+    let wanted_routes = if req.env.args.k8s_pod().is_some() {
+        crate::plugin::add_k8s::pod_routes(ctx)?
+    } else {
+        Vec::new()
+    };
     let expected = Networking {
         ifname: req.env.ifname.clone(),
         host_veth,
-        routes: default_routes(&ips),
+        routes: container_routes_for(wanted_routes, &ips),
         ips: ips.clone(),
         mtu: 0,
         queues: 1,
         container_mac: None,
         allow_ip_forwarding: false,
         skip_host_routes: false,
-        deadline: req.deadline,
+        deadline: ctx.deadline(),
     };
     let pod = PodNetwork::open(Path::new(&req.env.netns))?
         .ok_or_else(|| Error::Dataplane(format!("netns {} does not exist", req.env.netns)))?;
     pod.check(&expected, expected_mac).await?;
 
     // The endpoint record.
-    let store = open_datastore(req).await?;
-    ensure_ready(store.as_ref()).await?;
-    let name = identifiers(req, &nodename(req)).name().map_err(|e| {
-        Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
-    })?;
+    let store = ctx.store().await?;
+    ctx.ensure_ready().await?;
+    let name = ctx.endpoint_name()?;
     let wep = store
-        .get_workload_endpoint(&wep_namespace(req), &name)
+        .get::<WorkloadEndpoint>(&ctx.namespace, &name)
         .await
-        .map_err(|e| Error::Datastore(format!("error getting WorkloadEndpoint: {e}")))?
+        .map_err(datastore_err("error getting WorkloadEndpoint"))?
         .ok_or_else(|| Error::Datastore(format!("WorkloadEndpoint {name} does not exist")))?;
     if wep.spec.container_id != req.env.container_id {
         return Err(Error::Datastore(format!(
@@ -95,5 +100,5 @@ pub async fn cmd_check(req: &Request) -> Result<()> {
             )));
         }
     }
-    ipam(req).run(Command::Check, &req.raw).await
+    ctx.ipam().run(Command::Check, &req.raw).await
 }

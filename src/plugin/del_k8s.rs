@@ -3,13 +3,13 @@
 //! always completes, whatever the API server does; only the record is left
 //! alone when it cannot be read, or belongs to a newer sandbox.
 
-use crate::cni::env::Command;
-use crate::cni::{Error, Request, Result};
-use crate::dataplane::linux::{CleanupOutcome, clean_up_namespace, delete_host_veth};
+use crate::cni::{Error, Result};
+use crate::dataplane::linux::CleanupOutcome;
 use crate::datastore::model::WorkloadEndpoint;
 use crate::datastore::{DatastoreError, Precondition};
-use crate::k8s::add::release_config;
-use crate::plugin::{ensure_ready, host_veth_name, identifiers, ipam, nodename, open_datastore};
+use crate::ipam::release_config;
+use crate::plugin::context::{Context, datastore_err};
+use crate::plugin::del::{local_teardown, remove_orphan_veth};
 
 /// Attempts at deleting the record when it keeps changing underneath.
 const DELETE_ATTEMPTS: usize = 6;
@@ -18,28 +18,20 @@ const DELETE_ATTEMPTS: usize = 6;
 /// container, clear it under resourceVersion and uid preconditions,
 /// retrying on conflict. Returns the endpoint found (if it was this
 /// container's).
-async fn remove_record(req: &Request) -> (Option<WorkloadEndpoint>, Result<()>) {
-    let (namespace, _) = req.env.args.k8s_pod().expect("k8s pods only");
-    let name = match identifiers(req, &nodename(req)).name() {
-        Ok(n) => n,
-        Err(e) => {
-            return (
-                None,
-                Err(Error::InvalidConfig(format!(
-                    "error constructing WorkloadEndpoint name: {e}"
-                ))),
-            );
-        }
+async fn remove_record(ctx: &Context) -> (Option<WorkloadEndpoint>, Result<()>) {
+    let opened = async {
+        let name = ctx.endpoint_name()?;
+        let store = ctx.store().await?;
+        ctx.ensure_ready().await?;
+        Ok::<_, Error>((name, store))
     };
-    let store = match open_datastore(req).await {
-        Ok(s) => s,
+    let (name, store) = match opened.await {
+        Ok(v) => v,
         Err(e) => return (None, Err(e)),
     };
-    if let Err(e) = ensure_ready(store.as_ref()).await {
-        return (None, Err(e));
-    }
+    let namespace = &ctx.namespace;
     for attempt in 1..=DELETE_ATTEMPTS {
-        let wep = match store.get_workload_endpoint(namespace, &name).await {
+        let wep = match store.get::<WorkloadEndpoint>(namespace, &name).await {
             Ok(Some(w)) => w,
             Ok(None) => {
                 tracing::info!(endpoint = %name, "endpoint does not exist; nothing to remove");
@@ -48,13 +40,11 @@ async fn remove_record(req: &Request) -> (Option<WorkloadEndpoint>, Result<()>) 
             Err(e) => {
                 return (
                     None,
-                    Err(Error::Datastore(format!(
-                        "error getting WorkloadEndpoint {name}: {e}"
-                    ))),
+                    Err(e.context(&format!("error getting WorkloadEndpoint {name}"))),
                 );
             }
         };
-        if !wep.spec.container_id.is_empty() && wep.spec.container_id != req.env.container_id {
+        if !wep.spec.container_id.is_empty() && wep.spec.container_id != ctx.req.env.container_id {
             tracing::info!(owner = %wep.spec.container_id, "endpoint belongs to a newer sandbox; left alone");
             return (None, Ok(()));
         }
@@ -62,7 +52,10 @@ async fn remove_record(req: &Request) -> (Option<WorkloadEndpoint>, Result<()>) 
             resource_version: Some(wep.metadata.resource_version.clone()).filter(|v| !v.is_empty()),
             uid: Some(wep.metadata.uid.clone()).filter(|v| !v.is_empty()),
         };
-        match store.delete_workload_endpoint(namespace, &name, pre).await {
+        match store
+            .delete::<WorkloadEndpoint>(namespace, &name, &pre)
+            .await
+        {
             Ok(()) | Err(DatastoreError::NotFound(_)) => return (Some(wep), Ok(())),
             Err(DatastoreError::Conflict(e)) if attempt < DELETE_ATTEMPTS => {
                 tracing::info!(
@@ -78,36 +71,25 @@ async fn remove_record(req: &Request) -> (Option<WorkloadEndpoint>, Result<()>) 
                     ))),
                 );
             }
-            Err(e) => {
-                return (
-                    Some(wep),
-                    Err(Error::Datastore(format!("error deleting endpoint: {e}"))),
-                );
-            }
+            Err(e) => return (Some(wep), Err(datastore_err("error deleting endpoint")(e))),
         }
     }
     unreachable!("the last attempt returns")
 }
 
 /// CmdDelK8s.
-pub async fn cmd_del_k8s(req: &Request) -> Result<()> {
-    let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, req.deadline);
-    let ipam = ipam(req);
-    let release = release_config(req);
-    let (ipam_result, cleanup, (wep, record_result)) = tokio::join!(
-        ipam.run(Command::Del, &release),
-        cleanup,
-        remove_record(req)
-    );
+pub async fn cmd_del_k8s(ctx: &Context) -> Result<()> {
+    let release = release_config(&ctx.req);
+    let ((ipam_result, cleanup), (wep, record_result)) =
+        tokio::join!(local_teardown(ctx, &release), remove_record(ctx));
     if let Ok(CleanupOutcome::NetnsGone) = cleanup {
         // The host veth of a pod is named after the pod, not the sandbox:
         // it is removed only when the record says it is this container's.
-        let veth = host_veth_name(req);
         if wep.as_ref().is_some_and(|w| {
-            w.spec.container_id == req.env.container_id && w.spec.interface_name == veth
-        }) && delete_host_veth(&veth).await?
-        {
-            tracing::info!(%veth, "removed the host veth of a sandbox whose netns is gone");
+            w.spec.container_id == ctx.req.env.container_id
+                && w.spec.interface_name == ctx.host_veth
+        }) {
+            remove_orphan_veth(ctx).await?;
         }
     }
     cleanup?;

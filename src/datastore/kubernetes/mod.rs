@@ -1,0 +1,483 @@
+//! The Kubernetes datastore (KDD). WorkloadEndpoints are not stored objects
+//! but views of Pods ([`endpoint`]): a lookup is one pod GET; a write is a
+//! strategic-merge PATCH of the pod's `status` subresource carrying the
+//! `cni.projectcalico.org/podIP`, `podIPs` and `containerID` annotations and
+//! the pod's resourceVersion as read (so a concurrent writer makes it 409);
+//! a delete clears podIP/podIPs under resourceVersion and uid
+//! preconditions. Profiles are synthesised from namespaces and service
+//! accounts (read-only). Every other kind is its `crd.projectcalico.org/v1`
+//! custom resource, written with PUT on the resourceVersion read and
+//! deleted with uid/resourceVersion preconditions.
+
+pub mod endpoint;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+
+use self::endpoint::{
+    ANNOTATION_CONTAINER_ID, ANNOTATION_POD_IP, ANNOTATION_POD_IPS, endpoint_for_pod,
+    pod_ip_annotations,
+};
+use super::model::{API_VERSION, Profile, WorkloadEndpoint};
+use super::names::WepIdentifiers;
+use super::{DatastoreError, Kind, ListFilter, Precondition, Resource, Store};
+use crate::k8s::client::{CALICO_CRD_GROUP, CALICO_CRD_VERSION, K8sClient, K8sError, segment};
+use crate::k8s::objects::Pod;
+
+/// Attempts at a conditional create that keeps meeting concurrent writers.
+const CREATE_ATTEMPTS: usize = 3;
+
+/// The Kubernetes datastore of one invocation. It remembers the pods it
+/// has read, so that a caller reads each pod once and a write is
+/// conditional on the revision that was read.
+pub struct KubernetesStore {
+    client: K8sClient,
+    /// FELIX_INTERFACEPREFIX, for host veth names.
+    interface_prefix: Option<String>,
+    /// Pods read by this invocation, by (namespace, name).
+    pods: Mutex<HashMap<(String, String), Pod>>,
+}
+
+impl From<K8sError> for DatastoreError {
+    fn from(e: K8sError) -> Self {
+        match e {
+            K8sError::Timeout(m) => DatastoreError::Timeout(m),
+            K8sError::Unauthorized(m) => DatastoreError::Unauthorized(m),
+            K8sError::Conflict(m) => DatastoreError::Conflict(m),
+            K8sError::AlreadyExists(m) => DatastoreError::AlreadyExists(m),
+            K8sError::Config(m) => DatastoreError::Other(m),
+            K8sError::Api(m) => DatastoreError::Unavailable(m),
+        }
+    }
+}
+
+/// The pod's addresses as Calico reads them: none for finished pods or
+/// pods being deleted with an emptied podIP; else the status IPs, else the
+/// podIPs / podIP annotations.
+fn pod_ip_networks(pod: &Pod) -> Vec<String> {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let phase = status.phase.as_deref().unwrap_or("");
+    if matches!(phase, "Failed" | "Succeeded" | "Completed") {
+        return Vec::new();
+    }
+    if pod.metadata.deletion_timestamp.is_some()
+        && annotations
+            .get(ANNOTATION_POD_IP)
+            .is_some_and(|v| v.is_empty())
+    {
+        return Vec::new();
+    }
+    let with_prefix = |ip: &str| {
+        if ip.contains('/') {
+            ip.to_string()
+        } else if ip.contains(':') {
+            format!("{ip}/128")
+        } else {
+            format!("{ip}/32")
+        }
+    };
+    let from_status: Vec<String> = status
+        .pod_ips
+        .unwrap_or_default()
+        .iter()
+        .map(|p| with_prefix(&p.ip))
+        .filter(|s| !s.is_empty())
+        .collect();
+    if !from_status.is_empty() {
+        return from_status;
+    }
+    for key in [ANNOTATION_POD_IPS, ANNOTATION_POD_IP] {
+        if let Some(v) = annotations.get(key).filter(|v| !v.is_empty()) {
+            return v.split(',').map(|s| with_prefix(s.trim())).collect();
+        }
+    }
+    Vec::new()
+}
+
+fn malformed(e: serde_json::Error) -> DatastoreError {
+    DatastoreError::Other(format!("malformed object: {e}"))
+}
+
+/// A Calico CRD object as the v3 resource it stands for.
+fn from_crd(mut object: Value) -> Value {
+    object["apiVersion"] = json!(API_VERSION);
+    object
+}
+
+/// A v3 resource as its Calico CRD object.
+fn to_crd(mut object: Value) -> Value {
+    object["apiVersion"] = json!(format!("{CALICO_CRD_GROUP}/{CALICO_CRD_VERSION}"));
+    object
+}
+
+fn meta<'a>(object: &'a Value, field: &str) -> &'a str {
+    object
+        .pointer(&format!("/metadata/{field}"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+impl KubernetesStore {
+    pub fn new(client: K8sClient, interface_prefix: Option<String>) -> KubernetesStore {
+        KubernetesStore {
+            client,
+            interface_prefix,
+            pods: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn remember(&self, namespace: &str, name: &str, pod: Option<&Pod>) {
+        let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (namespace.to_string(), name.to_string());
+        match pod {
+            Some(pod) => pods.insert(key, pod.clone()),
+            None => pods.remove(&key),
+        };
+    }
+
+    /// The pod as last read by this invocation, if it was.
+    pub fn read_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        pods.get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// GETs the pod (and remembers it).
+    pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, DatastoreError> {
+        let pod = self.client.pod(namespace, name).await?;
+        self.remember(namespace, name, pod.as_ref());
+        Ok(pod)
+    }
+
+    /// The WorkloadEndpoint a pod stands for, with `endpoint` as its
+    /// interface; `None` for pods not (yet) on a node or on the host network.
+    pub fn endpoint_of(&self, pod: &Pod, endpoint: &str) -> Option<WorkloadEndpoint> {
+        let spec = pod.spec.as_ref()?;
+        let node = spec.node_name.as_deref().filter(|n| !n.is_empty())?;
+        if spec.host_network == Some(true) {
+            return None;
+        }
+        let mut wep = endpoint_for_pod(pod, node, endpoint, self.interface_prefix.as_deref());
+        wep.metadata.resource_version = pod.metadata.resource_version.clone().unwrap_or_default();
+        wep.metadata.uid = pod.metadata.uid.clone().unwrap_or_default();
+        wep.spec.ip_networks = pod_ip_networks(pod);
+        wep.spec.container_id = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_CONTAINER_ID))
+            .cloned()
+            .unwrap_or_default();
+        Some(wep)
+    }
+
+    /// The pod a WorkloadEndpoint name (or name prefix) refers to.
+    fn pod_of(name: &str) -> Result<WepIdentifiers, DatastoreError> {
+        let ids = WepIdentifiers::parse(name).map_err(|e| DatastoreError::Other(e.to_string()))?;
+        if ids.orchestrator != "k8s" || ids.pod.is_empty() {
+            return Err(DatastoreError::Other(format!(
+                "insufficient identifiers: {name:?} names no Kubernetes pod"
+            )));
+        }
+        Ok(ids)
+    }
+
+    async fn patch(&self, namespace: &str, pod: &str, body: Value) -> Result<Pod, DatastoreError> {
+        match self.client.patch_pod_status(namespace, pod, &body).await {
+            Ok(Some(patched)) => {
+                self.remember(namespace, pod, Some(&patched));
+                Ok(patched)
+            }
+            Ok(None) => Err(DatastoreError::NotFound(format!("Pod({namespace}/{pod})"))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Records `wep` in its pod's annotations, conditional on the pod's
+    /// resourceVersion `read_at`.
+    async fn write_endpoint(
+        &self,
+        wep: &WorkloadEndpoint,
+        read_at: &str,
+    ) -> Result<Value, DatastoreError> {
+        let ids = Self::pod_of(&wep.metadata.name)?;
+        let mut body = pod_ip_annotations(&wep.spec.ip_networks, &wep.spec.container_id);
+        if !read_at.is_empty() {
+            body["metadata"]["resourceVersion"] = json!(read_at);
+        }
+        let pod = self.patch(&wep.metadata.namespace, &ids.pod, body).await?;
+        let mut stored = wep.clone();
+        stored.metadata.resource_version = pod.metadata.resource_version.unwrap_or_default();
+        stored.metadata.uid = pod.metadata.uid.unwrap_or_default();
+        serde_json::to_value(stored).map_err(malformed)
+    }
+
+    /// Create: the pod must not stand for an endpoint yet, as last read;
+    /// the patch is conditional on that read, so a concurrent writer makes
+    /// it read again (bounded).
+    async fn create_endpoint(&self, wep: WorkloadEndpoint) -> Result<Value, DatastoreError> {
+        let ids = Self::pod_of(&wep.metadata.name)?;
+        let namespace = wep.metadata.namespace.clone();
+        for attempt in 1..=CREATE_ATTEMPTS {
+            let pod = match self.read_pod(&namespace, &ids.pod) {
+                Some(pod) if attempt == 1 => pod,
+                _ => self.pod(&namespace, &ids.pod).await?.ok_or_else(|| {
+                    DatastoreError::NotFound(format!("Pod({namespace}/{})", ids.pod))
+                })?,
+            };
+            if !pod_ip_networks(&pod).is_empty() {
+                return Err(DatastoreError::AlreadyExists(
+                    WorkloadEndpoint::KIND.describe(&namespace, &wep.metadata.name),
+                ));
+            }
+            let read_at = pod.metadata.resource_version.clone().unwrap_or_default();
+            match self.write_endpoint(&wep, &read_at).await {
+                Err(DatastoreError::Conflict(e)) if attempt < CREATE_ATTEMPTS => {
+                    tracing::info!(
+                        attempt,
+                        "pod changed while recording its endpoint ({e}); reading it again"
+                    );
+                }
+                other => return other,
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    async fn get_endpoint(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, DatastoreError> {
+        let ids = Self::pod_of(name)?;
+        let Some(pod) = self.pod(namespace, &ids.pod).await? else {
+            return Ok(None);
+        };
+        self.endpoint_of(&pod, &ids.endpoint)
+            .filter(|w| w.metadata.name == name)
+            .map(|w| serde_json::to_value(w).map_err(malformed))
+            .transpose()
+    }
+
+    /// A single pod GET (the "force get" of Calico's KDD lookup): the pod's
+    /// endpoint if its name starts with the prefix.
+    async fn list_endpoints(
+        &self,
+        namespace: &str,
+        filter: &ListFilter,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        let ListFilter::NamePrefix(prefix) = filter else {
+            return Err(DatastoreError::Other(
+                "the Kubernetes datastore lists WorkloadEndpoints by name prefix only".into(),
+            ));
+        };
+        let ids = Self::pod_of(prefix)?;
+        let Some(pod) = self.pod(namespace, &ids.pod).await? else {
+            return Ok(Vec::new());
+        };
+        self.endpoint_of(&pod, "eth0")
+            .filter(|w| w.metadata.name.starts_with(prefix.as_str()))
+            .map(|w| serde_json::to_value(w).map_err(malformed))
+            .into_iter()
+            .collect()
+    }
+
+    async fn delete_endpoint(
+        &self,
+        namespace: &str,
+        name: &str,
+        precondition: &Precondition,
+    ) -> Result<(), DatastoreError> {
+        let ids = Self::pod_of(name)?;
+        let mut metadata = serde_json::Map::new();
+        metadata.insert(
+            "annotations".into(),
+            json!({ANNOTATION_POD_IP: "", ANNOTATION_POD_IPS: ""}),
+        );
+        if let Some(rv) = &precondition.resource_version {
+            metadata.insert("resourceVersion".into(), rv.clone().into());
+        }
+        if let Some(uid) = &precondition.uid {
+            metadata.insert("uid".into(), uid.clone().into());
+        }
+        self.patch(namespace, &ids.pod, json!({ "metadata": metadata }))
+            .await
+            .map(|_| ())
+    }
+
+    fn crd_path(kind: &Kind, namespace: &str, name: &str) -> Result<String, DatastoreError> {
+        Ok(kind.crd_path(Self::scope(kind, namespace)?, segment(name)?))
+    }
+
+    /// The namespace of a kind's API paths, checked: `""` when cluster-scoped.
+    fn scope<'a>(kind: &Kind, namespace: &'a str) -> Result<&'a str, DatastoreError> {
+        if kind.namespaced {
+            Ok(segment(namespace)?)
+        } else {
+            Ok("")
+        }
+    }
+}
+
+fn read_only(kind: &Kind) -> DatastoreError {
+    DatastoreError::Other(format!(
+        "{} objects are read-only in the Kubernetes datastore (use policy type k8s)",
+        kind.name
+    ))
+}
+
+#[async_trait::async_trait]
+impl Store for KubernetesStore {
+    async fn get_object(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, DatastoreError> {
+        if kind.name == WorkloadEndpoint::KIND.name {
+            return self.get_endpoint(namespace, name).await;
+        }
+        if kind.name == Profile::KIND.name {
+            return Ok(None);
+        }
+        let path = Self::crd_path(kind, namespace, name)?;
+        let what = format!("error getting {}", kind.describe(namespace, name));
+        Ok(self.client.get_json(&what, &path).await?.map(from_crd))
+    }
+
+    async fn list_objects(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        filter: &ListFilter,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        if kind.name == WorkloadEndpoint::KIND.name {
+            return self.list_endpoints(namespace, filter).await;
+        }
+        if kind.name == Profile::KIND.name {
+            return Ok(Vec::new());
+        }
+        let selector = match filter {
+            ListFilter::Labels(labels) => Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            _ => None,
+        };
+        let what = format!("error listing {}", kind.plural);
+        let items = self
+            .client
+            .list_json(
+                &what,
+                &kind.crd_collection(Self::scope(kind, namespace)?),
+                selector.as_deref(),
+            )
+            .await?;
+        let mut objects: Vec<Value> = items
+            .into_iter()
+            .map(from_crd)
+            .filter(|o| match filter {
+                ListFilter::NamePrefix(p) => meta(o, "name").starts_with(p.as_str()),
+                _ => true,
+            })
+            .collect();
+        objects.sort_by(|a, b| meta(a, "name").cmp(meta(b, "name")));
+        Ok(objects)
+    }
+
+    async fn create_object(
+        &self,
+        kind: &'static Kind,
+        object: Value,
+    ) -> Result<Value, DatastoreError> {
+        if kind.name == WorkloadEndpoint::KIND.name {
+            return self
+                .create_endpoint(serde_json::from_value(object).map_err(malformed)?)
+                .await;
+        }
+        if kind.name == Profile::KIND.name {
+            return Err(read_only(kind));
+        }
+        let namespace = meta(&object, "namespace").to_string();
+        let name = meta(&object, "name").to_string();
+        let what = format!("error creating {}", kind.describe(&namespace, &name));
+        let collection = kind.crd_collection(Self::scope(kind, &namespace)?);
+        let mut body = to_crd(object);
+        if let Some(m) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        Ok(from_crd(
+            self.client.create_json(&what, &collection, &body).await?,
+        ))
+    }
+
+    async fn update_object(
+        &self,
+        kind: &'static Kind,
+        object: Value,
+    ) -> Result<Value, DatastoreError> {
+        if kind.name == WorkloadEndpoint::KIND.name {
+            let wep: WorkloadEndpoint = serde_json::from_value(object).map_err(malformed)?;
+            let read_at = wep.metadata.resource_version.clone();
+            if read_at.is_empty() {
+                return Err(DatastoreError::Other(
+                    "metadata.resourceVersion is required to update a WorkloadEndpoint".into(),
+                ));
+            }
+            return self.write_endpoint(&wep, &read_at).await;
+        }
+        if kind.name == Profile::KIND.name {
+            return Err(read_only(kind));
+        }
+        let namespace = meta(&object, "namespace").to_string();
+        let name = meta(&object, "name").to_string();
+        if meta(&object, "resourceVersion").is_empty() {
+            return Err(DatastoreError::Other(format!(
+                "metadata.resourceVersion is required to update {}",
+                kind.describe(&namespace, &name)
+            )));
+        }
+        let what = format!("error updating {}", kind.describe(&namespace, &name));
+        let path = Self::crd_path(kind, &namespace, &name)?;
+        match self
+            .client
+            .replace_json(&what, &path, &to_crd(object))
+            .await?
+        {
+            Some(stored) => Ok(from_crd(stored)),
+            None => Err(DatastoreError::NotFound(kind.describe(&namespace, &name))),
+        }
+    }
+
+    async fn delete_object(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        precondition: &Precondition,
+    ) -> Result<(), DatastoreError> {
+        if kind.name == WorkloadEndpoint::KIND.name {
+            return self.delete_endpoint(namespace, name, precondition).await;
+        }
+        if kind.name == Profile::KIND.name {
+            return Err(read_only(kind));
+        }
+        let what = format!("error deleting {}", kind.describe(namespace, name));
+        let path = Self::crd_path(kind, namespace, name)?;
+        self.client
+            .delete_json(
+                &what,
+                &path,
+                precondition.uid.as_deref(),
+                precondition.resource_version.as_deref(),
+            )
+            .await?
+            .ok_or_else(|| DatastoreError::NotFound(kind.describe(namespace, name)))
+    }
+}

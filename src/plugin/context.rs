@@ -1,0 +1,215 @@
+//! The invocation context: everything one call derives from its request,
+//! built once — the workload's identifiers, the node name, the deadline and
+//! the cleanup budget, the one Kubernetes API client, the datastore and the
+//! IPAM driver. The client and the datastore are opened on first use (a DEL
+//! must get its local teardown done even when they cannot be opened) and
+//! then shared by every step.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::cni::delegate::Delegate;
+use crate::cni::{Error, Request, Result};
+use crate::datastore::kubernetes::KubernetesStore;
+use crate::datastore::local::LocalStore;
+use crate::datastore::names::{WepIdentifiers, veth_name_for_container, veth_name_for_workload};
+use crate::datastore::{DatastoreError, Store};
+use crate::k8s::K8sClient;
+
+/// How long cleanup may take after the deadline it follows: the rollback
+/// of a failed ADD, and DEL's local teardown (the interface and the IPAM
+/// release), are never starved by a deadline already spent.
+pub const CLEANUP_GRACE: Duration = Duration::from_secs(5);
+
+/// Which datastore the config selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatastoreKind {
+    Local,
+    Kubernetes,
+    Etcd,
+}
+
+/// `datastore_type`, else etcd when endpoints are configured, else
+/// Kubernetes when a kubeconfig is, else the embedded local store.
+pub fn datastore_kind(req: &Request) -> Result<DatastoreKind> {
+    let c = &req.conf;
+    match c.datastore_type.as_str() {
+        "local" => Ok(DatastoreKind::Local),
+        "kubernetes" => Ok(DatastoreKind::Kubernetes),
+        "etcdv3" => Ok(DatastoreKind::Etcd),
+        "" if !c.etcd_endpoints.is_empty() || !c.etcd_discovery_srv.is_empty() => {
+            Ok(DatastoreKind::Etcd)
+        }
+        "" if !c.kubernetes.kubeconfig.is_empty() => Ok(DatastoreKind::Kubernetes),
+        "" => Ok(DatastoreKind::Local),
+        other => Err(Error::InvalidConfig(format!(
+            "unknown datastore_type {other:?} (supported: local, kubernetes, etcdv3)"
+        ))),
+    }
+}
+
+/// One invocation.
+pub struct Context {
+    pub req: Request,
+    /// The node this plugin runs on.
+    pub node: String,
+    /// The workload's identifiers (§5.1), endpoint = CNI_IFNAME.
+    pub ids: WepIdentifiers,
+    /// The namespace its WorkloadEndpoint lives in.
+    pub namespace: String,
+    /// The host side of its veth pair.
+    pub host_veth: String,
+    /// FELIX_INTERFACEPREFIX.
+    pub interface_prefix: Option<String>,
+    client: OnceCell<K8sClient>,
+    store: OnceCell<Arc<dyn Store>>,
+    kdd: OnceCell<Arc<KubernetesStore>>,
+}
+
+impl Context {
+    pub fn new(req: Request) -> Context {
+        let node = req.conf.determine_nodename(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default()
+        });
+        let interface_prefix = req
+            .env
+            .vars
+            .get("FELIX_INTERFACEPREFIX")
+            .filter(|p| !p.is_empty())
+            .cloned();
+        let (orchestrator, pod, namespace, host_veth) = match req.env.args.k8s_pod() {
+            Some((ns, pod)) => (
+                "k8s",
+                pod.to_string(),
+                ns.to_string(),
+                veth_name_for_workload(ns, pod, interface_prefix.as_deref()),
+            ),
+            None => (
+                "cni",
+                String::new(),
+                match &req.env.args.test_namespace {
+                    Some(ns) if !ns.is_empty() => ns.clone(),
+                    _ => "default".into(),
+                },
+                veth_name_for_container(&req.env.container_id),
+            ),
+        };
+        let ids = WepIdentifiers {
+            node: node.clone(),
+            orchestrator: orchestrator.into(),
+            endpoint: req.env.ifname.clone(),
+            workload: String::new(),
+            pod,
+            container_id: req.env.container_id.clone(),
+        };
+        Context {
+            req,
+            node,
+            ids,
+            namespace,
+            host_veth,
+            interface_prefix,
+            client: OnceCell::new(),
+            store: OnceCell::new(),
+            kdd: OnceCell::new(),
+        }
+    }
+
+    pub fn deadline(&self) -> Instant {
+        self.req.deadline
+    }
+
+    /// Time left before the deadline.
+    pub fn remaining(&self) -> Duration {
+        self.req.remaining()
+    }
+
+    /// When cleanup that starts now must be done: the grace budget from now,
+    /// or the deadline if that is later.
+    pub fn cleanup_deadline(&self) -> Instant {
+        self.deadline().max(Instant::now() + CLEANUP_GRACE)
+    }
+
+    /// The WorkloadEndpoint's name.
+    pub fn endpoint_name(&self) -> Result<String> {
+        self.ids.name().map_err(|e| {
+            Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
+        })
+    }
+
+    /// The one Kubernetes API client of this call.
+    pub async fn k8s(&self) -> Result<&K8sClient> {
+        self.client
+            .get_or_try_init(|| async {
+                Ok::<_, Error>(K8sClient::new(&self.req.conf.k8s_config(), self.deadline()).await?)
+            })
+            .await
+    }
+
+    /// The datastore the config names, opened once.
+    pub async fn store(&self) -> Result<&Arc<dyn Store>> {
+        self.store
+            .get_or_try_init(|| async {
+                match datastore_kind(&self.req)? {
+                    DatastoreKind::Local => {
+                        let path = self.req.conf.local_datastore_path();
+                        let busy = self.remaining();
+                        let store = tokio::task::spawn_blocking(move || LocalStore::open(&path, busy))
+                            .await
+                            .map_err(|e| Error::Internal(format!("opening the datastore: {e}")))?
+                            .map_err(|e| e.context("error creating calico client"))?;
+                        Ok(Arc::new(store) as Arc<dyn Store>)
+                    }
+                    DatastoreKind::Kubernetes => {
+                        let kdd = Arc::new(KubernetesStore::new(
+                            self.k8s().await?.clone(),
+                            self.interface_prefix.clone(),
+                        ));
+                        let _ = self.kdd.set(Arc::clone(&kdd));
+                        Ok(kdd as Arc<dyn Store>)
+                    }
+                    DatastoreKind::Etcd => Err(Error::UnsupportedField(
+                        "datastore_type \"etcdv3\" is not supported by this build yet; use \"local\" or \"kubernetes\"".into(),
+                    )),
+                }
+            })
+            .await
+    }
+
+    /// The Kubernetes datastore, when it is the one opened.
+    pub fn kdd(&self) -> Option<&KubernetesStore> {
+        self.kdd.get().map(Arc::as_ref)
+    }
+
+    /// The ClusterInformation readiness gate.
+    pub async fn ensure_ready(&self) -> Result<()> {
+        match self.store().await?.cluster_ready().await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::Datastore(
+                "Calico is currently not ready to process requests".into(),
+            )),
+            Err(e) => Err(e.context("error getting ClusterInformation")),
+        }
+    }
+
+    /// The IPAM plugin, bounded by the call's deadline.
+    pub fn ipam(&self) -> Delegate<'_> {
+        crate::ipam::delegate(&self.req, self.deadline())
+    }
+
+    /// The IPAM plugin for cleanup that starts now (its own grace budget).
+    pub fn ipam_for_cleanup(&self) -> Delegate<'_> {
+        crate::ipam::delegate(&self.req, self.cleanup_deadline())
+    }
+}
+
+/// A datastore error of `what`, keeping its kind.
+pub fn datastore_err(what: &str) -> impl Fn(DatastoreError) -> Error + '_ {
+    move |e| e.context(what)
+}
