@@ -21,6 +21,9 @@ pub async fn local_teardown(
     let started = tokio::time::Instant::now();
     let req = &ctx.req;
     let deadline = req.deadline + crate::plugin::context::CLEANUP_GRACE;
+    // The kernel's veth teardown (tens of milliseconds of RCU waits) is the
+    // longest part: its thread starts first, before the IPAM plugin's exec.
+    let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, deadline);
     let ipam = crate::ipam::delegate(req, deadline);
     tokio::join!(
         async {
@@ -29,9 +32,7 @@ pub async fn local_teardown(
             r
         },
         async {
-            let r = clean_up_namespace(&req.env.netns, &req.env.ifname, deadline)
-                .await
-                .map_err(Error::from);
+            let r = cleanup.await.map_err(Error::from);
             tracing::debug!("netns cleanup done after {:?}", started.elapsed());
             r
         }
