@@ -56,8 +56,8 @@ use serde_json::Value;
 
 use super::model::{ClusterInformation, ClusterInformationSpec, ObjectMeta};
 use super::{
-    DatastoreError, Kind, ListFilter, Precondition, Resource, Store, random_guid, random_uuid,
-    rfc3339_utc,
+    DatastoreError, Kind, ListFilter, Precondition, Resource, Store, meta_field, random_guid,
+    random_uuid, rfc3339_utc,
 };
 
 /// The `clusterType` of a store created by this plugin.
@@ -414,14 +414,6 @@ fn to_value<R: Resource>(resource: &R) -> Result<Value, DatastoreError> {
         .map_err(|e| DatastoreError::Other(format!("encoding {}: {e}", R::KIND.name)))
 }
 
-/// A metadata field of a v3 object (`""` when absent).
-fn meta<'a>(object: &'a Value, field: &str) -> &'a str {
-    object
-        .pointer(&format!("/metadata/{field}"))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-}
-
 fn set_meta(object: &mut Value, field: &str, value: &str) -> Result<(), DatastoreError> {
     let metadata = object
         .as_object_mut()
@@ -545,9 +537,9 @@ fn put(conn: &Connection, kind: &Kind, mut object: Value) -> Result<Value, Datas
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![
             kind.name,
-            meta(&object, "namespace"),
-            meta(&object, "name"),
-            meta(&object, "uid"),
+            meta_field(&object, "namespace"),
+            meta_field(&object, "name"),
+            meta_field(&object, "uid"),
             revision,
             value
         ],
@@ -558,7 +550,7 @@ fn put(conn: &Connection, kind: &Kind, mut object: Value) -> Result<Value, Datas
 
 /// The key of `object`: its (scoped) namespace and name, which must be set.
 fn key_of(kind: &Kind, object: &Value) -> Result<(String, String), DatastoreError> {
-    let name = meta(object, "name");
+    let name = meta_field(object, "name");
     if name.is_empty() {
         return Err(DatastoreError::Other(format!(
             "{} metadata.name must be set",
@@ -566,7 +558,7 @@ fn key_of(kind: &Kind, object: &Value) -> Result<(String, String), DatastoreErro
         )));
     }
     Ok((
-        scoped(kind, meta(object, "namespace")).to_string(),
+        scoped(kind, meta_field(object, "namespace")).to_string(),
         name.to_string(),
     ))
 }
@@ -593,7 +585,7 @@ fn create(conn: &mut Connection, kind: &Kind, mut object: Value) -> Result<Value
 fn update(conn: &mut Connection, kind: &Kind, mut object: Value) -> Result<Value, DatastoreError> {
     let (namespace, name) = key_of(kind, &object)?;
     let described = kind.describe(&namespace, &name);
-    let expected = meta(&object, "resourceVersion").to_string();
+    let expected = meta_field(&object, "resourceVersion").to_string();
     if expected.is_empty() {
         return Err(DatastoreError::Other(format!(
             "metadata.resourceVersion is required to update {described}"
@@ -602,14 +594,14 @@ fn update(conn: &mut Connection, kind: &Kind, mut object: Value) -> Result<Value
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let current = get(&tx, kind, &namespace, &name)?
         .ok_or_else(|| DatastoreError::NotFound(described.clone()))?;
-    if meta(&current, "resourceVersion") != expected {
+    if meta_field(&current, "resourceVersion") != expected {
         return Err(DatastoreError::Conflict(described));
     }
-    set_meta(&mut object, "uid", meta(&current, "uid"))?;
+    set_meta(&mut object, "uid", meta_field(&current, "uid"))?;
     set_meta(
         &mut object,
         "creationTimestamp",
-        meta(&current, "creationTimestamp"),
+        meta_field(&current, "creationTimestamp"),
     )?;
     let stored = put(&tx, kind, object)?;
     tx.commit()?;

@@ -229,6 +229,14 @@ pub trait Store: Send + Sync {
     ) -> Result<(), DatastoreError>;
 }
 
+/// A metadata field of a resource in its JSON form (`""` when absent).
+pub fn meta_field<'a>(object: &'a Value, field: &str) -> &'a str {
+    object
+        .pointer(&format!("/metadata/{field}"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
 fn decode<R: Resource>(value: Value) -> Result<R, DatastoreError> {
     serde_json::from_value(value)
         .map_err(|e| DatastoreError::Other(format!("stored {} is malformed: {e}", R::KIND.name)))

@@ -22,7 +22,7 @@ use self::endpoint::{
 };
 use super::model::{API_VERSION, Profile, WorkloadEndpoint};
 use super::names::WepIdentifiers;
-use super::{DatastoreError, Kind, ListFilter, Precondition, Resource, Store};
+use super::{DatastoreError, Kind, ListFilter, Precondition, Resource, Store, meta_field};
 use crate::k8s::client::{CALICO_CRD_GROUP, CALICO_CRD_VERSION, K8sClient, K8sError, segment};
 use crate::k8s::objects::Pod;
 
@@ -111,13 +111,6 @@ fn from_crd(mut object: Value) -> Value {
 fn to_crd(mut object: Value) -> Value {
     object["apiVersion"] = json!(format!("{CALICO_CRD_GROUP}/{CALICO_CRD_VERSION}"));
     object
-}
-
-fn meta<'a>(object: &'a Value, field: &str) -> &'a str {
-    object
-        .pointer(&format!("/metadata/{field}"))
-        .and_then(Value::as_str)
-        .unwrap_or("")
 }
 
 impl KubernetesStore {
@@ -383,11 +376,11 @@ impl Store for KubernetesStore {
             .into_iter()
             .map(from_crd)
             .filter(|o| match filter {
-                ListFilter::NamePrefix(p) => meta(o, "name").starts_with(p.as_str()),
+                ListFilter::NamePrefix(p) => meta_field(o, "name").starts_with(p.as_str()),
                 _ => true,
             })
             .collect();
-        objects.sort_by(|a, b| meta(a, "name").cmp(meta(b, "name")));
+        objects.sort_by(|a, b| meta_field(a, "name").cmp(meta_field(b, "name")));
         Ok(objects)
     }
 
@@ -404,8 +397,8 @@ impl Store for KubernetesStore {
         if kind.name == Profile::KIND.name {
             return Err(read_only(kind));
         }
-        let namespace = meta(&object, "namespace").to_string();
-        let name = meta(&object, "name").to_string();
+        let namespace = meta_field(&object, "namespace").to_string();
+        let name = meta_field(&object, "name").to_string();
         let what = format!("error creating {}", kind.describe(&namespace, &name));
         let collection = kind.crd_collection(Self::scope(kind, &namespace)?);
         let mut body = to_crd(object);
@@ -435,9 +428,9 @@ impl Store for KubernetesStore {
         if kind.name == Profile::KIND.name {
             return Err(read_only(kind));
         }
-        let namespace = meta(&object, "namespace").to_string();
-        let name = meta(&object, "name").to_string();
-        if meta(&object, "resourceVersion").is_empty() {
+        let namespace = meta_field(&object, "namespace").to_string();
+        let name = meta_field(&object, "name").to_string();
+        if meta_field(&object, "resourceVersion").is_empty() {
             return Err(DatastoreError::Other(format!(
                 "metadata.resourceVersion is required to update {}",
                 kind.describe(&namespace, &name)
