@@ -46,7 +46,13 @@ die() {
   exit 1
 }
 
-alive() { [ -f "$dir/$1.pid" ] && kill -0 "$(cat "$dir/$1.pid")" 2>/dev/null; }
+# alive NAME: the process of NAME.pid runs, and is that peer (not a process
+# that got its pid after a reboot or a kill).
+alive() {
+  local pid
+  pid=$(cat "$dir/$1.pid" 2>/dev/null) || return 1
+  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$bin/$1")" ]
+}
 
 # start NAME COMMAND...: runs COMMAND in its own session, logs to logs/NAME.log.
 start() {
@@ -62,7 +68,7 @@ stop() {
   local name=$1 pid
   [ -f "$dir/$name.pid" ] || return 0
   pid=$(cat "$dir/$name.pid")
-  if kill -0 "$pid" 2>/dev/null; then
+  if alive "$name"; then
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
@@ -317,7 +323,6 @@ EOF
 }
 
 up() {
-  bin=$(bash scripts/peers.sh --print-bin)
   bash scripts/peers.sh >&2
   mkdir -p "$dir/logs"
   local t0=$SECONDS
@@ -341,9 +346,10 @@ down() {
   log "down"
 }
 
+bin=$(bash scripts/peers.sh --print-bin)
 case ${1:-} in
   up) up ;;
-  env) bin=$(bash scripts/peers.sh --print-bin); print_env ;;
+  env) print_env ;;
   down) down ;;
   *) echo "usage: $0 up|env|down" >&2; exit 2 ;;
 esac
