@@ -369,17 +369,23 @@ fn stop_and_remove(ctrd: &Containerd, plugin: &Plugin, pod: &Pod, id: &str, ip: 
     assert!(errors.is_empty(), "plugin logged errors: {errors:#?}");
 }
 
+/// The plugin's install, a namespace of the test's own, and a containerd.
+fn start(bed: &'static Testbed) -> (Plugin, Namespace, Containerd) {
+    let plugin = Plugin::new();
+    let ns = bed.namespace(json!({}), json!({}));
+    let t = Instant::now();
+    let ctrd = Containerd::start(bed);
+    eprintln!("containerd up: {:?}", t.elapsed());
+    (plugin, ns, ctrd)
+}
+
 #[test]
 fn kubernetes_mode_plain_conflist() {
     let test = "kubernetes_mode_plain_conflist";
     let Some(bed) = bed(test, &["nsenter"]) else {
         return;
     };
-    let plugin = Plugin::new();
-    let ns = bed.namespace(json!({}), json!({}));
-    let t = Instant::now();
-    let ctrd = Containerd::start(bed);
-    eprintln!("containerd up: {:?}", t.elapsed());
+    let (plugin, ns, ctrd) = start(bed);
     ctrd.write_conflist(&json!({
         "cniVersion": "1.0.0",
         "name": NETWORK,
@@ -407,11 +413,7 @@ fn kubernetes_mode_chained_portmap_bandwidth() {
     let Some(bed) = bed(test, &["nsenter", "iptables", "iptables-save", "tc"]) else {
         return;
     };
-    let plugin = Plugin::new();
-    let ns = bed.namespace(json!({}), json!({}));
-    let t = Instant::now();
-    let ctrd = Containerd::start(bed);
-    eprintln!("containerd up: {:?}", t.elapsed());
+    let (plugin, ns, ctrd) = start(bed);
     let conflist = json!({
         "cniVersion": "1.1.0",
         "name": NETWORK,

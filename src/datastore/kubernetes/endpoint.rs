@@ -134,6 +134,50 @@ pub fn pod_ip_annotations(ip_networks: &[String], container_id: &str) -> Value {
     json!({ "metadata": { "annotations": annotations } })
 }
 
+/// The pod's addresses as Calico reads them: none for finished pods or
+/// pods being deleted with an emptied podIP; else the status IPs, else the
+/// podIPs / podIP annotations.
+pub fn pod_ip_networks(pod: &Pod) -> Vec<String> {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let phase = status.phase.as_deref().unwrap_or("");
+    if matches!(phase, "Failed" | "Succeeded" | "Completed") {
+        return Vec::new();
+    }
+    if pod.metadata.deletion_timestamp.is_some()
+        && annotations
+            .get(ANNOTATION_POD_IP)
+            .is_some_and(|v| v.is_empty())
+    {
+        return Vec::new();
+    }
+    let with_prefix = |ip: &str| {
+        if ip.contains('/') {
+            ip.to_string()
+        } else if ip.contains(':') {
+            format!("{ip}/128")
+        } else {
+            format!("{ip}/32")
+        }
+    };
+    let from_status: Vec<String> = status
+        .pod_ips
+        .unwrap_or_default()
+        .iter()
+        .map(|p| with_prefix(&p.ip))
+        .filter(|s| !s.is_empty())
+        .collect();
+    if !from_status.is_empty() {
+        return from_status;
+    }
+    for key in [ANNOTATION_POD_IPS, ANNOTATION_POD_IP] {
+        if let Some(v) = annotations.get(key).filter(|v| !v.is_empty()) {
+            return v.split(',').map(|s| with_prefix(s.trim())).collect();
+        }
+    }
+    Vec::new()
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
