@@ -11,10 +11,12 @@
 //! preconditions. Errors keep their kind up to the CNI edge (a timeout is
 //! code 11, rejected credentials code 103, the rest code 100).
 
+pub mod ipam_model;
 pub mod kubernetes;
 pub mod local;
 pub mod model;
 pub mod names;
+pub mod open;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -316,6 +318,24 @@ pub(crate) fn rfc3339_utc(time: SystemTime) -> String {
     )
 }
 
+/// `time` in Go's default format in UTC, as Calico's allocation
+/// timestamps are written: `2026-11-30 01:02:03.123456789 +0000 UTC`
+/// (fractional seconds without trailing zeros, none when whole).
+pub fn go_time_utc(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let rfc = rfc3339_utc(time);
+    let (date, clock) = (&rfc[..10], &rfc[11..19]);
+    let nanos = since.subsec_nanos();
+    if nanos == 0 {
+        return format!("{date} {clock} +0000 UTC");
+    }
+    let fraction = format!("{nanos:09}");
+    format!(
+        "{date} {clock}.{} +0000 UTC",
+        fraction.trim_end_matches('0')
+    )
+}
+
 /// Proleptic Gregorian (year, month, day) of a count of days since
 /// 1970-01-01, computed over 400-year eras of 146097 days.
 fn civil_from_days(days: u64) -> (u64, u64, u64) {
@@ -384,6 +404,12 @@ mod tests {
         assert_eq!(at(1_709_251_199), "2024-02-29T23:59:59Z");
         assert_eq!(at(1_796_000_523), "2026-11-30T01:02:03Z");
         assert_eq!(at(4_107_542_400), "2100-03-01T00:00:00Z");
+        let go = |secs, nanos| go_time_utc(UNIX_EPOCH + Duration::new(secs, nanos));
+        assert_eq!(go(1_796_000_523, 0), "2026-11-30 01:02:03 +0000 UTC");
+        assert_eq!(
+            go(1_796_000_523, 437_945_770),
+            "2026-11-30 01:02:03.43794577 +0000 UTC"
+        );
     }
 
     #[test]

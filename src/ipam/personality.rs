@@ -1,21 +1,44 @@
-//! The `calico-ipam` personality: address management by this executable
-//! itself. Not built yet: it allocates nothing, so there is nothing to
-//! release, check or collect.
+//! The `calico-ipam` personality: this executable answering as Calico's
+//! IPAM plugin. It opens the datastore the config names and runs the
+//! verbs of [`super::calico::verbs`].
 
-use crate::cni::{CniResult, Command, Error, Request, Result};
+use crate::cni::{CniResult, Command, Request, Result};
+use crate::datastore::open::open;
+use crate::k8s::K8sClient;
+
+use super::calico::verbs::{self, Call};
 
 /// Answers one calico-ipam verb.
 pub async fn handle(req: Request) -> Result<Option<CniResult>> {
+    if req.env.command == Command::Gc {
+        // Nothing is collected yet (the GC of valid attachments is its own
+        // piece of work): answering success never releases a live address.
+        return Ok(None);
+    }
+    let host = verbs::node_name(&req);
+    let prefix = req
+        .env
+        .vars
+        .get("FELIX_INTERFACEPREFIX")
+        .filter(|p| !p.is_empty())
+        .cloned();
+    let opened = open(&req.conf, req.deadline, prefix, || async {
+        Ok(K8sClient::new(&req.conf.k8s_config(), req.deadline).await?)
+    })
+    .await?;
+    let call = Call {
+        req: &req,
+        store: opened.store.as_ref(),
+        kdd: opened.kdd.as_deref(),
+        host: &host,
+        namespace_labels: None,
+        deadline: req.deadline,
+    };
     match req.env.command {
-        Command::Version => unreachable!("VERSION is answered at the edge"),
-        // Nothing is allocated by this personality yet, so there is nothing
-        // to release, check or collect.
-        Command::Del | Command::Check | Command::Gc => Ok(None),
-        Command::Add => Err(Error::UnsupportedField(
-            "ipam.type \"calico-ipam\" is not available in this build yet: use host-local".into(),
-        )),
-        Command::Status => Err(Error::NotAvailable(
-            "calico-ipam address management is not available in this build yet".into(),
-        )),
+        Command::Add => verbs::add(&call).await.map(Some),
+        Command::Del => verbs::del(&call).await.map(|()| None),
+        Command::Check => verbs::check(&call).await.map(|()| None),
+        Command::Status => verbs::status(&call).await.map(|()| None),
+        Command::Gc | Command::Version => unreachable!("answered above and at the edge"),
     }
 }

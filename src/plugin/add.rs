@@ -61,10 +61,16 @@ impl Undo {
                 Ok(Ok(_)) => {}
             }
         }
-        if let Some(config) = self.ipam_release
-            && let Err(e) = ctx.ipam_for_cleanup().run(Command::Del, &config).await
-        {
-            tracing::error!("rollback: failed to release the IPAM allocation: {e}");
+        if let Some(config) = self.ipam_release {
+            let released = async {
+                ctx.ipam_for_cleanup()
+                    .await?
+                    .run(Command::Del, &config)
+                    .await
+            };
+            if let Err(e) = released.await {
+                tracing::error!("rollback: failed to release the IPAM allocation: {e}");
+            }
         }
     }
 }
@@ -231,8 +237,8 @@ pub async fn cmd_add(ctx: &Context) -> Result<CniResult> {
     // The IPAM plugin is started now and waits for its config on stdin: its
     // start-up overlaps the datastore lookups below. It is killed unused if
     // this ADD takes another path (nothing happens before it reads stdin).
-    let ipam = ctx.ipam();
-    let ipam_process = ipam.spawn(Command::Add).await?;
+    let ipam = ctx.ipam().await?;
+    let ipam_process = ipam.start(Command::Add).await?;
     let store = ctx.store().await?.as_ref();
     ctx.ensure_ready().await?;
     tracing::debug!("datastore ready");

@@ -6,12 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::cni::delegate::Delegate;
 use crate::cni::env::Command;
 use crate::cni::{CniResult, Error, Result};
 use crate::dataplane::routes::host_prefix;
 use crate::datastore::kubernetes::endpoint::endpoint_for_pod;
 use crate::datastore::model::WorkloadEndpoint;
+use crate::ipam::calico::allocator::Allocator;
 use crate::ipam::host_local::{container_routes, needs_pod_cidrs, substitute_pod_cidrs};
 use crate::ipam::release_config;
 use crate::k8s::K8sClient;
@@ -107,8 +107,8 @@ pub async fn cmd_add_k8s(ctx: &Context, mtu: u32) -> Result<CniResult> {
     let ipam_type = req.conf.ipam.kind.clone();
 
     // The IPAM process starts now and waits for its (rewritten) config.
-    let ipam = ctx.ipam();
-    let ipam_process = ipam.spawn(Command::Add).await?;
+    let ipam = ctx.ipam().await?;
+    let ipam_process = ipam.start(Command::Add).await?;
     let store = ctx.store().await?.as_ref();
     // Readiness, the pod and its namespace: independent, so at once.
     let (ready, pod, ns) = tokio::join!(
@@ -118,6 +118,9 @@ pub async fn cmd_add_k8s(ctx: &Context, mtu: u32) -> Result<CniResult> {
     );
     ready?;
     let (pod, ns) = (pod?, ns?);
+    if let Some(ns) = &ns {
+        ctx.set_namespace_labels(ns.metadata.labels.clone().unwrap_or_default());
+    }
     let existing = existing_endpoint(ctx, pod.as_ref()).await?;
 
     // host-local: usePodCidr from the node, and the configured routes.
@@ -207,17 +210,27 @@ pub async fn cmd_add_k8s(ctx: &Context, mtu: u32) -> Result<CniResult> {
         }
         AddressSource::IpAddrs(ips) => {
             drop(ipam_process);
+            // A re-created pod: its old endpoint's addresses go first.
+            if let Some(old) = existing.as_ref().filter(|w| !w.spec.ip_networks.is_empty()) {
+                let held: Vec<std::net::IpAddr> = old
+                    .spec
+                    .ip_networks
+                    .iter()
+                    .filter_map(|n| n.parse::<ipnet::IpNet>().ok())
+                    .map(|n| n.addr())
+                    .collect();
+                Allocator::new(store, node)
+                    .release_ips(&held)
+                    .await
+                    .map_err(|e| Error::Ipam(format!("failed to release ipAddrs: {e}")))?;
+            }
             // One IPAM ADD per requested address, each with IP=<ip>.
             let config = ipam_config.clone();
             let ipam_add = async move {
                 let mut merged = CniResult::default();
                 for ip in ips {
-                    let one = Delegate {
-                        extra_args: Some(format!("IP={ip}")),
-                        ..ipam.clone()
-                    };
-                    let result = one
-                        .add(&config)
+                    let result = ipam
+                        .add_ip(&config, ip)
                         .await
                         .map_err(|e| e.context("error getting IP from IPAM"))?;
                     merged.ips.extend(result.ips);

@@ -100,5 +100,5 @@ pub async fn cmd_check(ctx: &Context) -> Result<()> {
             )));
         }
     }
-    ctx.ipam().run(Command::Check, &req.raw).await
+    ctx.ipam().await?.run(Command::Check, &req.raw).await
 }

@@ -5,18 +5,18 @@
 //! must get its local teardown done even when they cannot be opened) and
 //! then shared by every step.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::cni::delegate::Delegate;
 use crate::cni::{Error, Request, Result};
 use crate::datastore::kubernetes::KubernetesStore;
-use crate::datastore::local::LocalStore;
 use crate::datastore::names::{WepIdentifiers, veth_name_for_container, veth_name_for_workload};
 use crate::datastore::{DatastoreError, Store};
+use crate::ipam::{Driver, InProcess};
 use crate::k8s::K8sClient;
 
 /// How long cleanup may take after the deadline it follows: the rollback
@@ -24,32 +24,7 @@ use crate::k8s::K8sClient;
 /// release), are never starved by a deadline already spent.
 pub const CLEANUP_GRACE: Duration = Duration::from_secs(5);
 
-/// Which datastore the config selects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DatastoreKind {
-    Local,
-    Kubernetes,
-    Etcd,
-}
-
-/// `datastore_type`, else etcd when endpoints are configured, else
-/// Kubernetes when a kubeconfig is, else the embedded local store.
-pub fn datastore_kind(req: &Request) -> Result<DatastoreKind> {
-    let c = &req.conf;
-    match c.datastore_type.as_str() {
-        "local" => Ok(DatastoreKind::Local),
-        "kubernetes" => Ok(DatastoreKind::Kubernetes),
-        "etcdv3" => Ok(DatastoreKind::Etcd),
-        "" if !c.etcd_endpoints.is_empty() || !c.etcd_discovery_srv.is_empty() => {
-            Ok(DatastoreKind::Etcd)
-        }
-        "" if !c.kubernetes.kubeconfig.is_empty() => Ok(DatastoreKind::Kubernetes),
-        "" => Ok(DatastoreKind::Local),
-        other => Err(Error::InvalidConfig(format!(
-            "unknown datastore_type {other:?} (supported: local, kubernetes, etcdv3)"
-        ))),
-    }
-}
+pub use crate::datastore::open::{DatastoreKind, datastore_kind};
 
 /// One invocation.
 pub struct Context {
@@ -67,6 +42,9 @@ pub struct Context {
     client: OnceCell<K8sClient>,
     store: OnceCell<Arc<dyn Store>>,
     kdd: OnceCell<Arc<KubernetesStore>>,
+    /// calico-ipam is this executable: it runs in process.
+    ipam_in_process: bool,
+    namespace_labels: OnceLock<BTreeMap<String, String>>,
 }
 
 impl Context {
@@ -108,7 +86,10 @@ impl Context {
             pod,
             container_id: req.env.container_id.clone(),
         };
+        let ipam_in_process = crate::ipam::runs_in_process(&req.conf, &req.env.path);
         Context {
+            ipam_in_process,
+            namespace_labels: OnceLock::new(),
             req,
             node,
             ids,
@@ -156,28 +137,17 @@ impl Context {
     pub async fn store(&self) -> Result<&Arc<dyn Store>> {
         self.store
             .get_or_try_init(|| async {
-                match datastore_kind(&self.req)? {
-                    DatastoreKind::Local => {
-                        let path = self.req.conf.local_datastore_path();
-                        let busy = self.remaining();
-                        let store = tokio::task::spawn_blocking(move || LocalStore::open(&path, busy))
-                            .await
-                            .map_err(|e| Error::Internal(format!("opening the datastore: {e}")))?
-                            .map_err(|e| e.context("error creating calico client"))?;
-                        Ok(Arc::new(store) as Arc<dyn Store>)
-                    }
-                    DatastoreKind::Kubernetes => {
-                        let kdd = Arc::new(KubernetesStore::new(
-                            self.k8s().await?.clone(),
-                            self.interface_prefix.clone(),
-                        ));
-                        let _ = self.kdd.set(Arc::clone(&kdd));
-                        Ok(kdd as Arc<dyn Store>)
-                    }
-                    DatastoreKind::Etcd => Err(Error::UnsupportedField(
-                        "datastore_type \"etcdv3\" is not supported by this build yet; use \"local\" or \"kubernetes\"".into(),
-                    )),
+                let opened = crate::datastore::open::open(
+                    &self.req.conf,
+                    self.deadline(),
+                    self.interface_prefix.clone(),
+                    || async { Ok(self.k8s().await?.clone()) },
+                )
+                .await?;
+                if let Some(kdd) = opened.kdd {
+                    let _ = self.kdd.set(kdd);
                 }
+                Ok(opened.store)
             })
             .await
     }
@@ -198,14 +168,39 @@ impl Context {
         }
     }
 
-    /// The IPAM plugin, bounded by the call's deadline.
-    pub fn ipam(&self) -> Delegate<'_> {
-        crate::ipam::delegate(&self.req, self.deadline())
+    /// The IPAM of this call, bounded by its deadline.
+    pub async fn ipam(&self) -> Result<Driver<'_>> {
+        self.ipam_until(self.deadline()).await
     }
 
-    /// The IPAM plugin for cleanup that starts now (its own grace budget).
-    pub fn ipam_for_cleanup(&self) -> Delegate<'_> {
-        crate::ipam::delegate(&self.req, self.cleanup_deadline())
+    /// The IPAM for cleanup that starts now (its own grace budget).
+    pub async fn ipam_for_cleanup(&self) -> Result<Driver<'_>> {
+        self.ipam_until(self.cleanup_deadline()).await
+    }
+
+    /// The IPAM bounded by `deadline`: calico-ipam in process (on this
+    /// call's datastore) when it is this executable, else the plugin exec'd.
+    pub async fn ipam_until(&self, deadline: Instant) -> Result<Driver<'_>> {
+        let exec = crate::ipam::delegate(&self.req, deadline);
+        let in_process = if self.ipam_in_process {
+            let store = self.store().await?;
+            Some(InProcess {
+                req: &self.req,
+                store: store.as_ref(),
+                kdd: self.kdd(),
+                host: self.node.clone(),
+                namespace_labels: &self.namespace_labels,
+            })
+        } else {
+            None
+        };
+        Ok(Driver { exec, in_process })
+    }
+
+    /// Records the workload namespace's labels (read by the Kubernetes
+    /// ADD) for pool namespaceSelectors.
+    pub fn set_namespace_labels(&self, labels: BTreeMap<String, String>) {
+        let _ = self.namespace_labels.set(labels);
     }
 }
 

@@ -24,10 +24,12 @@ pub async fn local_teardown(
     // The kernel's veth teardown (tens of milliseconds of RCU waits) is the
     // longest part: its thread starts first, before the IPAM plugin's exec.
     let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, deadline);
-    let ipam = crate::ipam::delegate(req, deadline);
     tokio::join!(
         async {
-            let r = ipam.run(Command::Del, release).await;
+            let r = match ctx.ipam_until(deadline).await {
+                Ok(ipam) => ipam.run(Command::Del, release).await,
+                Err(e) => Err(e),
+            };
             tracing::debug!("IPAM DEL done after {:?}", started.elapsed());
             r
         },

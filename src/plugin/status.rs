@@ -11,6 +11,8 @@ pub async fn cmd_status(ctx: &Context) -> Result<()> {
     let not_available = |e: Error| Error::NotAvailable(e.to_string());
     ctx.ensure_ready().await.map_err(not_available)?;
     ctx.ipam()
+        .await
+        .map_err(not_available)?
         .run_v11_verb(Command::Status, &req.raw)
         .await
         .map_err(|e| {
@@ -24,5 +26,8 @@ pub async fn cmd_status(ctx: &Context) -> Result<()> {
 /// GC: forwarded to the IPAM plugin (which owns the reservations); the
 /// endpoint records of this plugin are removed by DEL.
 pub async fn cmd_gc(ctx: &Context) -> Result<()> {
-    ctx.ipam().run_v11_verb(Command::Gc, &ctx.req.raw).await
+    ctx.ipam()
+        .await?
+        .run_v11_verb(Command::Gc, &ctx.req.raw)
+        .await
 }

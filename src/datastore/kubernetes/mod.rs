@@ -11,7 +11,7 @@
 
 pub mod endpoint;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use serde_json::{Value, json};
@@ -20,6 +20,7 @@ use self::endpoint::{
     ANNOTATION_CONTAINER_ID, ANNOTATION_POD_IP, ANNOTATION_POD_IPS, endpoint_for_pod,
     pod_ip_annotations, pod_ip_networks,
 };
+use super::ipam_model::Node;
 use super::model::{API_VERSION, Profile, WorkloadEndpoint};
 use super::names::WepIdentifiers;
 use super::{DatastoreError, Kind, ListFilter, Precondition, Resource, Store, meta_field};
@@ -257,6 +258,37 @@ impl KubernetesStore {
             .map(|_| ())
     }
 
+    /// A Kubernetes Node as the Calico Node pool nodeSelectors match: its
+    /// name and labels.
+    async fn node(&self, name: &str) -> Result<Option<Value>, DatastoreError> {
+        let Some(node) = self.client.node(name).await? else {
+            return Ok(None);
+        };
+        let m = &node.metadata;
+        Ok(Some(json!({
+            "kind": "Node",
+            "apiVersion": API_VERSION,
+            "metadata": {
+                "name": m.name.clone().unwrap_or_default(),
+                "uid": m.uid.clone().unwrap_or_default(),
+                "resourceVersion": m.resource_version.clone().unwrap_or_default(),
+                "labels": m.labels.clone().unwrap_or_default(),
+            },
+            "spec": {}
+        })))
+    }
+
+    /// The labels of a namespace (pool namespaceSelectors match them).
+    pub async fn namespace_labels(
+        &self,
+        namespace: &str,
+    ) -> Result<BTreeMap<String, String>, DatastoreError> {
+        match self.client.namespace(namespace).await? {
+            Some(ns) => Ok(ns.metadata.labels.unwrap_or_default().into_iter().collect()),
+            None => Err(DatastoreError::NotFound(format!("Namespace({namespace})"))),
+        }
+    }
+
     fn crd_path(kind: &Kind, namespace: &str, name: &str) -> Result<String, DatastoreError> {
         Ok(kind.crd_path(Self::scope(kind, namespace)?, segment(name)?))
     }
@@ -291,6 +323,9 @@ impl Store for KubernetesStore {
         }
         if kind.name == Profile::KIND.name {
             return Ok(None);
+        }
+        if kind.name == Node::KIND.name {
+            return self.node(name).await;
         }
         let path = Self::crd_path(kind, namespace, name)?;
         let what = format!("error getting {}", kind.describe(namespace, name));

@@ -1,0 +1,857 @@
+//! Calico's allocator on the store API (calico-behaviour.md §10.3): affine
+//! blocks first, then a new block claimed in two phases (a pending
+//! BlockAffinity, the block, the affinity confirmed), then, unless
+//! strictAffinity, borrowing from other hosts' blocks. Every write is
+//! compare-and-swap on the revision read, retried a bounded number of
+//! times; deletes are soft first (`deleted: true`, then a delete on that
+//! revision) so that readers, which ignore soft-deleted objects, never act
+//! on an object that is going away.
+//!
+//! Write order (so that a crash leaves at worst a handle without an
+//! address, which the handle's release cleans up, never an address
+//! without a handle): auto-assign increments the handle, then writes the
+//! block (and takes the handle back if the block write loses); an explicit
+//! address is written to the block, then to the handle (and freed again if
+//! the handle write fails); release frees the block's addresses, then
+//! takes them off the handle.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
+
+use ipnet::IpNet;
+
+use super::IpamError;
+use super::block;
+use super::pools::{
+    SelectorLabels, USE_WORKLOAD, automatic_pools, blocks_for_host, host_seed, requested_pools,
+};
+use crate::datastore::ipam_model::{
+    AFFINITY_CONFIRMED, AFFINITY_PENDING, BlockAffinity, BlockAffinitySpec, IpPool, IpReservation,
+    IpamBlock, IpamConfig, IpamConfigSpec, IpamHandle, IpamHandleSpec, LABEL_AFFINITY_TYPE,
+    LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels, affinity_name, cidr_name, handle_name,
+    hostname_hash,
+};
+use crate::datastore::{DatastoreError, ListFilter, Precondition, Resource, Store};
+
+/// Conflicts retried before giving up (Calico's figure).
+const CAS_ATTEMPTS: usize = 100;
+/// The per-host block limit when neither IPAMConfig nor the request set one.
+const DEFAULT_MAX_BLOCKS_PER_HOST: usize = 20;
+/// New-block candidates looked at beyond the blocks known to exist.
+const CLAIM_LOOKAHEAD: usize = 64;
+
+/// One auto-assign request.
+pub struct AutoAssign<'a> {
+    pub num4: usize,
+    pub num6: usize,
+    pub handle: &'a str,
+    pub attrs: &'a BTreeMap<String, String>,
+    /// Requested pools (CIDRs or names) per family; empty = automatic.
+    pub pools4: &'a [String],
+    pub pools6: &'a [String],
+    /// A per-request block limit (0 = the configured one).
+    pub max_blocks: usize,
+    pub labels: &'a dyn SelectorLabels,
+}
+
+/// What an auto-assign got: addresses with their block's prefix length.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Assigned {
+    pub v4: Vec<IpNet>,
+    pub v6: Vec<IpNet>,
+}
+
+/// What one family got, and why it fell short.
+struct FamilyOutcome {
+    ips: Vec<IpNet>,
+    messages: Vec<String>,
+}
+
+/// The allocator for one host.
+pub struct Allocator<'a> {
+    store: &'a dyn Store,
+    host: &'a str,
+}
+
+fn ds(what: impl Into<String>) -> impl FnOnce(DatastoreError) -> IpamError {
+    let what = what.into();
+    move |source| IpamError::Datastore { what, source }
+}
+
+fn contention(what: &str) -> IpamError {
+    IpamError::Contention(format!(
+        "{what}: gave up after {CAS_ATTEMPTS} conflicting concurrent updates"
+    ))
+}
+
+/// A short pause between attempts that met a soft-deleted object.
+async fn pause(attempt: usize) {
+    let ms = (attempt as u64 + 1).min(20);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+fn with_prefix(ip: IpAddr, cidr: &IpNet) -> IpNet {
+    IpNet::new(ip, cidr.prefix_len()).expect("a block's prefix fits its family")
+}
+
+impl<'a> Allocator<'a> {
+    pub fn new(store: &'a dyn Store, host: &'a str) -> Allocator<'a> {
+        Allocator { store, host }
+    }
+
+    fn affinity_value(&self) -> String {
+        format!("host:{}", self.host)
+    }
+
+    /// IPAMConfig `default`, or Calico's defaults when absent.
+    pub async fn config(&self) -> Result<IpamConfigSpec, IpamError> {
+        Ok(self
+            .store
+            .get::<IpamConfig>("", IpamConfig::NAME)
+            .await
+            .map_err(ds("error getting IPAMConfig"))?
+            .map_or_else(IpamConfigSpec::defaults, |c| c.spec))
+    }
+
+    pub async fn pools(&self) -> Result<Vec<IpPool>, IpamError> {
+        self.store
+            .list::<IpPool>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IP pools"))
+    }
+
+    async fn reservations(&self) -> Result<Vec<IpNet>, IpamError> {
+        let list = self
+            .store
+            .list::<IpReservation>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IP reservations"))?;
+        Ok(list
+            .iter()
+            .flat_map(|r| r.spec.reserved_cidrs.iter())
+            .filter_map(|c| {
+                c.parse::<IpNet>()
+                    .ok()
+                    .or_else(|| c.parse::<IpAddr>().ok().map(IpNet::from))
+            })
+            .collect())
+    }
+
+    async fn get_block(&self, cidr: &IpNet) -> Result<Option<IpamBlock>, IpamError> {
+        let name = cidr_name(cidr);
+        Ok(self
+            .store
+            .get::<IpamBlock>("", &name)
+            .await
+            .map_err(ds(format!("error getting IPAMBlock({name})")))?
+            .filter(|b| !b.spec.deleted))
+    }
+
+    /// Writes a block back on the revision it was read at, bumping its
+    /// sequence number.
+    async fn put_block(&self, block: &mut IpamBlock) -> Result<IpamBlock, DatastoreError> {
+        block.spec.sequence_number += 1;
+        self.store.update(block).await
+    }
+
+    /// Deletes a resource softly: `deleted` set on the revision read, then
+    /// a delete on the revision that wrote.
+    async fn soft_delete<R: Resource>(
+        &self,
+        resource: &mut R,
+        mark: impl FnOnce(&mut R),
+    ) -> Result<(), DatastoreError> {
+        mark(resource);
+        let marked = self.store.update(resource).await?;
+        let meta = marked.metadata();
+        let pre = Precondition {
+            resource_version: Some(meta.resource_version.clone()),
+            uid: Some(meta.uid.clone()).filter(|u| !u.is_empty()),
+        };
+        match self.store.delete::<R>("", &meta.name, &pre).await {
+            Ok(()) | Err(DatastoreError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Adds `n` addresses in `cidr` to the handle, creating it if absent.
+    async fn increment_handle(
+        &self,
+        handle: &str,
+        cidr: &IpNet,
+        n: usize,
+    ) -> Result<(), IpamError> {
+        let name = handle_name(handle);
+        let what = format!("error updating IPAMHandle({name})");
+        for attempt in 0..CAS_ATTEMPTS {
+            let current = self
+                .store
+                .get::<IpamHandle>("", &name)
+                .await
+                .map_err(ds(what.clone()))?;
+            let result = match current {
+                None => {
+                    let mut fresh = IpamHandle::new(
+                        &name,
+                        IpamHandleSpec {
+                            handle_id: handle.to_string(),
+                            block: BTreeMap::from([(cidr.to_string(), n)]),
+                            ..IpamHandleSpec::default()
+                        },
+                    );
+                    self.store.create(&mut fresh).await.map(|_| ())
+                }
+                Some(h) if h.spec.deleted => {
+                    pause(attempt).await;
+                    continue;
+                }
+                Some(mut h) => {
+                    *h.spec.block.entry(cidr.to_string()).or_insert(0) += n;
+                    self.store.update(&mut h).await.map(|_| ())
+                }
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(DatastoreError::Conflict(_) | DatastoreError::AlreadyExists(_)) => continue,
+                Err(e) => return Err(ds(what)(e)),
+            }
+        }
+        Err(contention(&what))
+    }
+
+    /// Takes `n` addresses in `cidr` off the handle (all of that block's
+    /// when `n` is `None`), deleting it when it holds nothing more.
+    async fn decrement_handle(
+        &self,
+        handle: &str,
+        cidr: &IpNet,
+        n: Option<usize>,
+    ) -> Result<(), IpamError> {
+        let name = handle_name(handle);
+        let what = format!("error updating IPAMHandle({name})");
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(mut h) = self
+                .store
+                .get::<IpamHandle>("", &name)
+                .await
+                .map_err(ds(what.clone()))?
+                .filter(|h| !h.spec.deleted)
+            else {
+                return Ok(());
+            };
+            let key = cidr.to_string();
+            let left = h.spec.block.get(&key).copied().unwrap_or(0);
+            match n {
+                Some(n) if left > n => {
+                    h.spec.block.insert(key, left - n);
+                }
+                _ => {
+                    h.spec.block.remove(&key);
+                }
+            }
+            let result = if h.spec.block.is_empty() {
+                self.soft_delete(&mut h, |h| h.spec.deleted = true).await
+            } else {
+                self.store.update(&mut h).await.map(|_| ())
+            };
+            match result {
+                Ok(()) | Err(DatastoreError::NotFound(_)) => return Ok(()),
+                Err(DatastoreError::Conflict(_)) => continue,
+                Err(e) => return Err(ds(what)(e)),
+            }
+        }
+        Err(contention(&what))
+    }
+
+    /// This host's BlockAffinities of one family (by the labels Calico
+    /// looks them up with), live ones only.
+    async fn host_affinities(&self, v6: bool) -> Result<Vec<BlockAffinity>, IpamError> {
+        let labels = BTreeMap::from([
+            (LABEL_HOSTNAME_HASH.to_string(), hostname_hash(self.host)),
+            (LABEL_AFFINITY_TYPE.to_string(), "host".to_string()),
+            (
+                LABEL_IP_VERSION.to_string(),
+                if v6 { "6" } else { "4" }.to_string(),
+            ),
+        ]);
+        let mut list = self
+            .store
+            .list::<BlockAffinity>("", &ListFilter::Labels(labels))
+            .await
+            .map_err(ds("error listing BlockAffinities"))?;
+        list.retain(|a| a.spec.node == self.host && a.spec.deleted != "true");
+        Ok(list)
+    }
+
+    /// Auto-assigns per family; all or nothing: a family that falls short
+    /// (or fails) releases what the other got.
+    pub async fn auto_assign(&self, req: &AutoAssign<'_>) -> Result<Assigned, IpamError> {
+        let (config, pools, reserved) =
+            futures::future::try_join3(self.config(), self.pools(), self.reservations()).await?;
+        let mut assigned = Assigned::default();
+        for (v6, num, requested) in [(false, req.num4, req.pools4), (true, req.num6, req.pools6)] {
+            if num == 0 {
+                continue;
+            }
+            let outcome = self
+                .assign_family(v6, num, requested, req, &config, &pools, &reserved)
+                .await;
+            let short = match outcome {
+                Ok(o) if o.ips.len() == num => {
+                    if v6 {
+                        &mut assigned.v6
+                    } else {
+                        &mut assigned.v4
+                    }
+                    .extend(o.ips);
+                    continue;
+                }
+                Ok(o) => {
+                    let family = if v6 { "IPv6" } else { "IPv4" };
+                    let mut msg = format!(
+                        "failed to request {family} addresses: Assigned {} out of {num} requested {family} addresses",
+                        o.ips.len()
+                    );
+                    for m in &o.messages {
+                        msg.push_str("; ");
+                        msg.push_str(m);
+                    }
+                    let partial: Vec<IpAddr> = o.ips.iter().map(IpNet::addr).collect();
+                    self.undo(req.handle, &partial).await;
+                    IpamError::Exhausted(msg)
+                }
+                Err(e) => e,
+            };
+            let got: Vec<IpAddr> = assigned
+                .v4
+                .iter()
+                .chain(&assigned.v6)
+                .map(IpNet::addr)
+                .collect();
+            self.undo(req.handle, &got).await;
+            return Err(short);
+        }
+        Ok(assigned)
+    }
+
+    /// Releases addresses this call took, logging (not returning) errors:
+    /// the caller reports the failure that made it undo.
+    async fn undo(&self, handle: &str, ips: &[IpAddr]) {
+        if ips.is_empty() {
+            return;
+        }
+        if let Err(e) = self.release_ips(ips).await {
+            tracing::warn!(%handle, "releasing {ips:?} after a failed assignment: {e}");
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn assign_family(
+        &self,
+        v6: bool,
+        num: usize,
+        requested: &[String],
+        req: &AutoAssign<'_>,
+        config: &IpamConfigSpec,
+        all_pools: &[IpPool],
+        reserved_nets: &[IpNet],
+    ) -> Result<FamilyOutcome, IpamError> {
+        let pools = if requested.is_empty() {
+            automatic_pools(all_pools, v6, self.host, req.labels).await?
+        } else {
+            requested_pools(all_pools, requested, v6)?
+        };
+        let nets: Vec<IpNet> = pools.iter().filter_map(|p| p.spec.network()).collect();
+        let in_pools = |cidr: &IpNet| nets.iter().any(|n| n.contains(cidr));
+        let reserved = |ip: IpAddr| reserved_nets.iter().any(|r| r.contains(&ip));
+        let mut ips = Vec::new();
+        let mut messages = Vec::new();
+
+        // 1. This host's blocks.
+        let affinities = self.host_affinities(v6).await?;
+        let mut affine: Vec<IpNet> = Vec::new();
+        for a in &affinities {
+            let Ok(cidr) = a.spec.cidr.parse::<IpNet>() else {
+                continue;
+            };
+            if a.spec.state == AFFINITY_PENDING {
+                // A claim that stopped half way: finish or undo it.
+                if self.settle_pending(a.clone(), &cidr).await? {
+                    affine.push(cidr);
+                }
+            } else if a.spec.state == AFFINITY_CONFIRMED {
+                affine.push(cidr);
+            }
+        }
+        affine.sort();
+        for cidr in affine.iter().filter(|c| in_pools(c)) {
+            if ips.len() == num {
+                break;
+            }
+            let got = self
+                .assign_from_block(cidr, num - ips.len(), req, &reserved, true)
+                .await?;
+            ips.extend(got);
+        }
+
+        // 2. New blocks.
+        let limit = match (config.max_blocks_per_host.max(0) as usize, req.max_blocks) {
+            (0, 0) => DEFAULT_MAX_BLOCKS_PER_HOST,
+            (0, r) => r,
+            (g, 0) => g,
+            (g, r) => g.min(r),
+        };
+        let mut owned = affine.len();
+        while ips.len() < num {
+            if !config.auto_allocate_blocks {
+                messages.push("automatic block allocation is disabled".to_string());
+                break;
+            }
+            if owned >= limit {
+                messages.push(format!(
+                    "Need to allocate an IPAM block but could not - limit of {limit} blocks reached for this node"
+                ));
+                break;
+            }
+            let Some(cidr) = self.claim_new_block(&pools).await? else {
+                break;
+            };
+            owned += 1;
+            let got = self
+                .assign_from_block(&cidr, num - ips.len(), req, &reserved, true)
+                .await?;
+            ips.extend(got);
+        }
+
+        // 3. Borrowing from other hosts' blocks.
+        if ips.len() < num {
+            if config.strict_affinity {
+                messages.push("No more free affine blocks and strict affinity enabled".to_string());
+            } else {
+                let blocks = self
+                    .store
+                    .list::<IpamBlock>("", &ListFilter::All)
+                    .await
+                    .map_err(ds("error listing IPAM blocks"))?;
+                let mut candidates: Vec<IpNet> = blocks
+                    .iter()
+                    .filter(|b| !b.spec.deleted)
+                    .filter_map(|b| block::cidr_of(&b.spec).map(|c| (c, b)))
+                    .filter(|(c, b)| {
+                        in_pools(c)
+                            && c.addr().is_ipv6() == v6
+                            && block::free_count(&b.spec, c, &reserved) > 0
+                    })
+                    .map(|(c, _)| c)
+                    .collect();
+                // Hosts start at different places (as new blocks do).
+                if !candidates.is_empty() {
+                    let start = (host_seed(self.host) % candidates.len() as u128) as usize;
+                    candidates.rotate_left(start);
+                }
+                for cidr in candidates {
+                    if ips.len() == num {
+                        break;
+                    }
+                    let got = self
+                        .assign_from_block(&cidr, num - ips.len(), req, &reserved, false)
+                        .await?;
+                    ips.extend(got);
+                }
+            }
+        }
+        if ips.len() < num {
+            messages.push(format!("No IPs available in pools: {nets:?}"));
+        }
+        Ok(FamilyOutcome { ips, messages })
+    }
+
+    /// Takes up to `n` addresses from the block for the request's handle:
+    /// the handle first, then the block on the revision read (a lost race
+    /// gives the handle back and reads again).
+    async fn assign_from_block(
+        &self,
+        cidr: &IpNet,
+        n: usize,
+        req: &AutoAssign<'_>,
+        reserved: &dyn Fn(IpAddr) -> bool,
+        affine_only: bool,
+    ) -> Result<Vec<IpNet>, IpamError> {
+        let what = format!("error updating IPAMBlock({})", cidr_name(cidr));
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(mut blk) = self.get_block(cidr).await? else {
+                return Ok(Vec::new());
+            };
+            if affine_only && blk.spec.affinity.as_deref() != Some(&self.affinity_value()) {
+                return Ok(Vec::new());
+            }
+            let got = block::assign(&mut blk.spec, cidr, n, req.handle, req.attrs, reserved);
+            if got.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.increment_handle(req.handle, cidr, got.len()).await?;
+            match self.put_block(&mut blk).await {
+                Ok(_) => return Ok(got.into_iter().map(|ip| with_prefix(ip, cidr)).collect()),
+                Err(e) => {
+                    self.decrement_handle(req.handle, cidr, Some(got.len()))
+                        .await?;
+                    match e {
+                        DatastoreError::Conflict(_) => continue,
+                        DatastoreError::NotFound(_) => return Ok(Vec::new()),
+                        e => return Err(ds(what)(e)),
+                    }
+                }
+            }
+        }
+        Err(contention(&what))
+    }
+
+    /// A pending affinity of this host: confirmed when its block exists
+    /// and is this host's, deleted when the block is another's; left
+    /// pending (for the claim to finish) when there is no block yet.
+    async fn settle_pending(
+        &self,
+        mut affinity: BlockAffinity,
+        cidr: &IpNet,
+    ) -> Result<bool, IpamError> {
+        match self.get_block(cidr).await? {
+            Some(b) if b.spec.affinity.as_deref() == Some(&self.affinity_value()) => {
+                affinity.spec.state = AFFINITY_CONFIRMED.into();
+                match self.store.update(&mut affinity).await {
+                    Ok(_) | Err(DatastoreError::Conflict(_)) => Ok(true),
+                    Err(e) => Err(ds("error confirming BlockAffinity")(e)),
+                }
+            }
+            Some(_) => {
+                self.drop_affinity(affinity).await;
+                Ok(false)
+            }
+            None => Ok(false),
+        }
+    }
+
+    async fn drop_affinity(&self, mut affinity: BlockAffinity) {
+        let name = affinity.metadata.name.clone();
+        if let Err(e) = self
+            .soft_delete(&mut affinity, |a| a.spec.deleted = "true".into())
+            .await
+        {
+            tracing::warn!(%name, "removing a BlockAffinity this host does not hold: {e}");
+        }
+    }
+
+    /// Claims the first free block of the pools (in this host's order);
+    /// `None` when every block exists.
+    async fn claim_new_block(&self, pools: &[IpPool]) -> Result<Option<IpNet>, IpamError> {
+        let existing: HashSet<String> = self
+            .store
+            .list::<IpamBlock>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IPAM blocks"))?
+            .into_iter()
+            .map(|b| b.metadata.name)
+            .collect();
+        for pool in pools {
+            let Some(net) = pool.spec.network() else {
+                continue;
+            };
+            let size = pool.spec.effective_block_size();
+            for cidr in blocks_for_host(&net, size, self.host, existing.len() + CLAIM_LOOKAHEAD) {
+                if existing.contains(&cidr_name(&cidr)) {
+                    continue;
+                }
+                if self.claim(&cidr).await? {
+                    return Ok(Some(cidr));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Claims `cidr` for this host in two phases; false when another host
+    /// got the block first.
+    async fn claim(&self, cidr: &IpNet) -> Result<bool, IpamError> {
+        let name = affinity_name(self.host, cidr);
+        let mut affinity = BlockAffinity::new(
+            &name,
+            BlockAffinitySpec {
+                state: AFFINITY_PENDING.into(),
+                node: self.host.to_string(),
+                affinity_type: "host".into(),
+                cidr: cidr.to_string(),
+                deleted: "false".into(),
+                ..BlockAffinitySpec::default()
+            },
+        );
+        affinity.metadata.labels = affinity_labels(self.host, cidr);
+        let what = format!("error claiming block {cidr}");
+        let mut affinity = match self.store.create(&mut affinity).await {
+            Ok(a) => a,
+            Err(DatastoreError::AlreadyExists(_)) => {
+                match self
+                    .store
+                    .get::<BlockAffinity>("", &name)
+                    .await
+                    .map_err(ds(what.clone()))?
+                {
+                    Some(a) if a.spec.node == self.host && a.spec.deleted != "true" => a,
+                    _ => return Ok(false),
+                }
+            }
+            Err(e) => return Err(ds(what)(e)),
+        };
+        let claim_time = crate::datastore::rfc3339_utc(SystemTime::now());
+        let mut blk = IpamBlock::new(
+            &cidr_name(cidr),
+            block::new_block(cidr, Some(self.affinity_value()), Some(claim_time)),
+        );
+        match self.store.create(&mut blk).await {
+            Ok(_) => {}
+            Err(DatastoreError::AlreadyExists(_)) => {
+                let ours = self
+                    .get_block(cidr)
+                    .await?
+                    .is_some_and(|b| b.spec.affinity.as_deref() == Some(&self.affinity_value()));
+                if !ours {
+                    self.drop_affinity(affinity).await;
+                    return Ok(false);
+                }
+            }
+            Err(e) => {
+                self.drop_affinity(affinity).await;
+                return Err(ds(what)(e));
+            }
+        }
+        for _ in 0..CAS_ATTEMPTS {
+            if affinity.spec.state == AFFINITY_CONFIRMED {
+                return Ok(true);
+            }
+            affinity.spec.state = AFFINITY_CONFIRMED.into();
+            match self.store.update(&mut affinity).await {
+                Ok(_) => return Ok(true),
+                Err(DatastoreError::Conflict(_)) => {
+                    match self
+                        .store
+                        .get::<BlockAffinity>("", &name)
+                        .await
+                        .map_err(ds(what.clone()))?
+                    {
+                        Some(a) => affinity = a,
+                        None => return Ok(false),
+                    }
+                }
+                Err(e) => return Err(ds(what)(e)),
+            }
+        }
+        Err(contention(&what))
+    }
+
+    /// Assigns exactly `ip` to `handle` (`IP=` and the ipAddrs annotation).
+    pub async fn assign_ip(
+        &self,
+        ip: IpAddr,
+        handle: &str,
+        attrs: &BTreeMap<String, String>,
+    ) -> Result<IpNet, IpamError> {
+        let pools = self.pools().await?;
+        let Some(pool) = pools
+            .iter()
+            .find(|p| p.spec.network().is_some_and(|n| n.contains(&ip)))
+        else {
+            return Err(IpamError::Invalid(
+                "The provided IP address is not in a configured pool\n".into(),
+            ));
+        };
+        let uses = pool.spec.uses();
+        if !uses.iter().any(|u| u == USE_WORKLOAD) {
+            return Err(IpamError::Invalid(format!(
+                "IP address {ip} is in IP pool {:?}, which is not allowed for use {USE_WORKLOAD:?} (allowedUses: [{}])",
+                pool.metadata.name,
+                uses.join(" ")
+            )));
+        }
+        let cidr = IpNet::new(ip, pool.spec.effective_block_size())
+            .map_err(|e| IpamError::Invalid(format!("IP pool {:?}: {e}", pool.metadata.name)))?
+            .trunc();
+        let what = format!("error updating IPAMBlock({})", cidr_name(&cidr));
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(mut blk) = self.get_block(&cidr).await? else {
+                // No block yet: claim it for this host (another host
+                // winning is fine: the address goes in its block).
+                self.claim(&cidr).await?;
+                continue;
+            };
+            match block::assign_one(&mut blk.spec, &cidr, ip, handle, attrs) {
+                Ok(()) => {}
+                Err(block::AssignOneError::InUse(holder)) => {
+                    return Err(IpamError::InUse(format!(
+                        "resource already exists: address {ip} is already assigned in block {cidr} (to handle {})",
+                        holder.as_deref().unwrap_or("<none>")
+                    )));
+                }
+                Err(block::AssignOneError::OutOfBlock) => {
+                    return Err(IpamError::Invalid(format!("{ip} is not in block {cidr}")));
+                }
+            }
+            match self.put_block(&mut blk).await {
+                Ok(_) => {}
+                Err(DatastoreError::Conflict(_)) => continue,
+                Err(e) => return Err(ds(what)(e)),
+            }
+            if let Err(e) = self.increment_handle(handle, &cidr, 1).await {
+                self.undo(handle, &[ip]).await;
+                return Err(e);
+            }
+            return Ok(with_prefix(ip, &cidr));
+        }
+        Err(contention(&what))
+    }
+
+    /// Frees every address of `handle` and deletes it; the number freed,
+    /// `None` when the handle does not exist.
+    pub async fn release_by_handle(&self, handle: &str) -> Result<Option<usize>, IpamError> {
+        let name = handle_name(handle);
+        let what = format!("error releasing IPAMHandle({name})");
+        let mut freed = 0;
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(mut h) = self
+                .store
+                .get::<IpamHandle>("", &name)
+                .await
+                .map_err(ds(what.clone()))?
+                .filter(|h| !h.spec.deleted)
+            else {
+                return Ok((freed > 0).then_some(freed));
+            };
+            for cidr in h.spec.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {
+                freed += self
+                    .release_in_block(&cidr, |b| block::release_handle(b, handle))
+                    .await?;
+            }
+            match self.soft_delete(&mut h, |h| h.spec.deleted = true).await {
+                Ok(()) | Err(DatastoreError::NotFound(_)) => return Ok(Some(freed)),
+                // Written meanwhile (an ADD under the same handle): again.
+                Err(DatastoreError::Conflict(_)) => continue,
+                Err(e) => return Err(ds(what)(e)),
+            }
+        }
+        Err(contention(&what))
+    }
+
+    /// Applies a release to a block on the revision read (deleting it when
+    /// it is left empty and has no affinity); how many were freed.
+    async fn release_in_block(
+        &self,
+        cidr: &IpNet,
+        release: impl Fn(&mut crate::datastore::ipam_model::IpamBlockSpec) -> usize,
+    ) -> Result<usize, IpamError> {
+        let what = format!("error updating IPAMBlock({})", cidr_name(cidr));
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(mut blk) = self.get_block(cidr).await? else {
+                return Ok(0);
+            };
+            let freed = release(&mut blk.spec);
+            if freed == 0 {
+                return Ok(0);
+            }
+            let result = if block::is_empty(&blk.spec) && blk.spec.affinity.is_none() {
+                blk.spec.sequence_number += 1;
+                self.soft_delete(&mut blk, |b| b.spec.deleted = true).await
+            } else {
+                self.put_block(&mut blk).await.map(|_| ())
+            };
+            match result {
+                Ok(()) | Err(DatastoreError::NotFound(_)) => return Ok(freed),
+                Err(DatastoreError::Conflict(_)) => continue,
+                Err(e) => return Err(ds(what)(e)),
+            }
+        }
+        Err(contention(&what))
+    }
+
+    /// Frees these addresses, whoever holds them, and takes them off their
+    /// handles (the ipAddrs re-create path and rollbacks).
+    pub async fn release_ips(&self, ips: &[IpAddr]) -> Result<(), IpamError> {
+        let pools = self.pools().await?;
+        let mut by_block: BTreeMap<IpNet, Vec<IpAddr>> = BTreeMap::new();
+        for &ip in ips {
+            let Some(pool) = pools
+                .iter()
+                .find(|p| p.spec.network().is_some_and(|n| n.contains(&ip)))
+            else {
+                continue;
+            };
+            if let Ok(cidr) = IpNet::new(ip, pool.spec.effective_block_size()) {
+                by_block.entry(cidr.trunc()).or_default().push(ip);
+            }
+        }
+        for (cidr, ips) in by_block {
+            let handles = std::sync::Mutex::new(BTreeMap::new());
+            self.release_in_block(&cidr, |b| {
+                let freed = block::release_ips(b, &cidr, &ips);
+                let total = freed.values().sum();
+                *handles.lock().unwrap_or_else(|p| p.into_inner()) = freed;
+                total
+            })
+            .await?;
+            let handles = handles.into_inner().unwrap_or_else(|p| p.into_inner());
+            for (handle, n) in handles.into_iter().filter(|(h, _)| !h.is_empty()) {
+                self.decrement_handle(&handle, &cidr, Some(n)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The addresses `handle` holds.
+    pub async fn addresses_of(&self, handle: &str) -> Result<Vec<IpAddr>, IpamError> {
+        let name = handle_name(handle);
+        let Some(h) = self
+            .store
+            .get::<IpamHandle>("", &name)
+            .await
+            .map_err(ds(format!("error getting IPAMHandle({name})")))?
+            .filter(|h| !h.spec.deleted)
+        else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for cidr in h.spec.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {
+            if let Some(b) = self.get_block(&cidr).await? {
+                out.extend(block::addresses_of(&b.spec, &cidr, handle));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stamps the hostname-hash, affinity-type and ip-version labels on
+    /// this host's BlockAffinities that lack them (affinities written by
+    /// older Calico releases); how many were labelled.
+    pub async fn label_host_affinities(&self) -> Result<usize, IpamError> {
+        let all = self
+            .store
+            .list::<BlockAffinity>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing BlockAffinities"))?;
+        let mut labelled = 0;
+        for mut a in all.into_iter().filter(|a| a.spec.node == self.host) {
+            let Ok(cidr) = a.spec.cidr.parse::<IpNet>() else {
+                continue;
+            };
+            let wanted = affinity_labels(self.host, &cidr);
+            if wanted
+                .iter()
+                .all(|(k, v)| a.metadata.labels.get(k) == Some(v))
+            {
+                continue;
+            }
+            a.metadata.labels.extend(wanted);
+            match self.store.update(&mut a).await {
+                Ok(_) => labelled += 1,
+                Err(DatastoreError::Conflict(_) | DatastoreError::NotFound(_)) => {}
+                Err(e) => return Err(ds("error labelling BlockAffinity")(e)),
+            }
+        }
+        Ok(labelled)
+    }
+}

@@ -1,0 +1,279 @@
+//! The `calico-ipam` verbs (calico-behaviour.md §10.1, §10.2), on an
+//! opened datastore: what the exec'd personality runs and what the
+//! `calico` plugin runs in process when its calico-ipam is this executable.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use ipnet::IpNet;
+use tokio::time::Instant;
+
+use super::IpamError;
+use super::allocator::{Allocator, AutoAssign};
+use super::lock;
+use super::pools::SelectorLabels;
+use crate::cni::result::{IpConfig, Route};
+use crate::cni::{CniResult, Error, Request, Result};
+use crate::datastore::ipam_model::{ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_TIMESTAMP, Node};
+use crate::datastore::kubernetes::KubernetesStore;
+use crate::datastore::names::WepIdentifiers;
+use crate::datastore::{Store, go_time_utc};
+
+/// One calico-ipam call: the request, the datastore, the node.
+pub struct Call<'a> {
+    pub req: &'a Request,
+    pub store: &'a dyn Store,
+    /// The Kubernetes datastore's own face, for namespace labels.
+    pub kdd: Option<&'a KubernetesStore>,
+    pub host: &'a str,
+    /// Namespace labels already read by the caller.
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// When this call must be done.
+    pub deadline: Instant,
+}
+
+/// The handle of an allocation: `<network name>.<container ID>`.
+pub fn handle_id(req: &Request) -> String {
+    format!("{}.{}", req.conf.name, req.env.container_id)
+}
+
+/// The pre-v3 handle: `<namespace>.<pod>` for pods, else the container ID.
+fn workload_handle(req: &Request) -> String {
+    match req.env.args.k8s_pod() {
+        Some((ns, pod)) => format!("{ns}.{pod}"),
+        None => req.env.container_id.clone(),
+    }
+}
+
+/// The node name as calico-ipam determines it (no nodename-file gate).
+pub fn node_name(req: &Request) -> String {
+    req.conf.determine_nodename(|| {
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default()
+            .trim()
+            .to_lowercase()
+    })
+}
+
+/// The full WorkloadEndpoint name must be constructible (§10.1 step 1).
+fn check_identifiers(req: &Request, host: &str) -> Result<()> {
+    let (orchestrator, pod) = match req.env.args.k8s_pod() {
+        Some((_, pod)) => ("k8s", pod.to_string()),
+        None => ("cni", String::new()),
+    };
+    let ids = WepIdentifiers {
+        node: host.to_string(),
+        orchestrator: orchestrator.into(),
+        endpoint: req.env.ifname.clone(),
+        workload: String::new(),
+        pod,
+        container_id: req.env.container_id.clone(),
+    };
+    ids.name()
+        .map(|_| ())
+        .map_err(|e| Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}")))
+}
+
+struct Labels<'a> {
+    call: &'a Call<'a>,
+}
+
+#[async_trait::async_trait]
+impl SelectorLabels for Labels<'_> {
+    async fn node_labels(&self) -> std::result::Result<BTreeMap<String, String>, IpamError> {
+        let host = self.call.host;
+        match self.call.store.get::<Node>("", host).await {
+            Ok(Some(node)) => Ok(node.metadata.labels),
+            Ok(None) => Err(IpamError::NoPools(format!(
+                "failed to get node for host {host}: resource does not exist: Node({host})"
+            ))),
+            Err(source) => Err(IpamError::Datastore {
+                what: format!("failed to get node for host {host}"),
+                source,
+            }),
+        }
+    }
+
+    async fn namespace_labels(&self) -> std::result::Result<BTreeMap<String, String>, IpamError> {
+        if let Some(labels) = self.call.namespace_labels {
+            return Ok(labels.clone());
+        }
+        match (self.call.kdd, self.call.req.env.args.k8s_pod()) {
+            (Some(kdd), Some((ns, _))) => {
+                kdd.namespace_labels(ns)
+                    .await
+                    .map_err(|source| IpamError::Datastore {
+                        what: format!("failed to get namespace {ns}"),
+                        source,
+                    })
+            }
+            _ => Ok(BTreeMap::new()),
+        }
+    }
+}
+
+fn timed_out(what: &str) -> Error {
+    Error::TryAgainLater(format!(
+        "calico-ipam: {what} did not finish before the deadline"
+    ))
+}
+
+/// The marker that the one-time affinity labelling ran: beside the lock
+/// file (`/var/run/calico/cni/ipam_upgraded` by default).
+fn upgrade_marker(lock_file: &Path) -> PathBuf {
+    lock_file
+        .parent()
+        .unwrap_or(Path::new("/var/run/calico"))
+        .join("cni")
+        .join("ipam_upgraded")
+}
+
+/// ADD: an explicit address (`IP=`) or auto-assignment; the result lists
+/// each address with its block's prefix and one route per address.
+pub async fn add(call: &Call<'_>) -> Result<CniResult> {
+    let req = call.req;
+    check_identifiers(req, call.host)?;
+    let handle = handle_id(req);
+    let mut attrs = BTreeMap::from([
+        (ATTR_NODE.to_string(), call.host.to_string()),
+        (ATTR_TIMESTAMP.to_string(), go_time_utc(SystemTime::now())),
+    ]);
+    if let Some((ns, pod)) = req.env.args.k8s_pod() {
+        attrs.insert(ATTR_NAMESPACE.into(), ns.to_string());
+        attrs.insert(ATTR_POD.into(), pod.to_string());
+    }
+    let allocator = Allocator::new(call.store, call.host);
+    let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
+    let work = async {
+        let _lock = lock::acquire(&lock_file, call.deadline).await;
+        if let Some(ip) = req.env.args.ip {
+            let marker = upgrade_marker(&lock_file);
+            if !marker.exists() {
+                let labelled = allocator.label_host_affinities().await?;
+                tracing::info!(labelled, "labelled this host's BlockAffinities");
+                if let Err(e) = marker
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::write(&marker, b""))
+                {
+                    tracing::warn!(marker = %marker.display(), "cannot record the IPAM upgrade: {e}");
+                }
+            }
+            let ip = allocator.assign_ip(ip, &handle, &attrs).await?;
+            return Ok::<_, IpamError>(vec![ip]);
+        }
+        let ipam = &req.conf.ipam;
+        let num4 = usize::from(ipam.assign_ipv4.as_deref() != Some("false"));
+        let num6 = usize::from(ipam.assign_ipv6.as_deref() == Some("true"));
+        let labels = Labels { call };
+        let assigned = allocator
+            .auto_assign(&AutoAssign {
+                num4,
+                num6,
+                handle: &handle,
+                attrs: &attrs,
+                pools4: &ipam.ipv4_pools,
+                pools6: &ipam.ipv6_pools,
+                max_blocks: 0,
+                labels: &labels,
+            })
+            .await?;
+        Ok(assigned.v4.into_iter().chain(assigned.v6).collect())
+    };
+    let ips = tokio::time::timeout_at(call.deadline, work)
+        .await
+        .map_err(|_| timed_out("the address assignment"))??;
+    tracing::info!(%handle, ?ips, "calico-ipam assigned");
+    Ok(result_for(&ips))
+}
+
+/// Calico's IPAM result: the addresses with their block prefix, and a
+/// route to each one.
+fn result_for(ips: &[IpNet]) -> CniResult {
+    CniResult {
+        ips: ips
+            .iter()
+            .map(|ip| IpConfig {
+                address: *ip,
+                gateway: None,
+                interface: None,
+            })
+            .collect(),
+        routes: ips
+            .iter()
+            .map(|ip| Route::to(IpNet::from(ip.addr())))
+            .collect(),
+        ..CniResult::default()
+    }
+}
+
+/// DEL: releases `<name>.<container ID>` and the pre-v3 handle; handles
+/// that do not exist are fine.
+pub async fn del(call: &Call<'_>) -> Result<()> {
+    let req = call.req;
+    check_identifiers(req, call.host)?;
+    let allocator = Allocator::new(call.store, call.host);
+    let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
+    let work = async {
+        let _lock = lock::acquire(&lock_file, call.deadline).await;
+        for handle in [handle_id(req), workload_handle(req)] {
+            if let Some(n) = allocator.release_by_handle(&handle).await? {
+                tracing::info!(%handle, released = n, "calico-ipam released");
+            }
+        }
+        Ok::<_, IpamError>(())
+    };
+    tokio::time::timeout_at(call.deadline, work)
+        .await
+        .map_err(|_| timed_out("the address release"))??;
+    Ok(())
+}
+
+/// CHECK: the handle exists and holds the addresses of prevResult.
+pub async fn check(call: &Call<'_>) -> Result<()> {
+    let req = call.req;
+    let handle = handle_id(req);
+    let held = tokio::time::timeout_at(
+        call.deadline,
+        Allocator::new(call.store, call.host).addresses_of(&handle),
+    )
+    .await
+    .map_err(|_| timed_out("the check"))??;
+    let Some(prev) = req.raw.get("prevResult") else {
+        return Ok(());
+    };
+    let wanted: Vec<String> = prev
+        .get("ips")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip.get("address").and_then(|a| a.as_str()))
+        .filter_map(|a| a.parse::<IpNet>().ok())
+        .map(|n| n.addr().to_string())
+        .collect();
+    for ip in wanted {
+        if !held.iter().any(|h| h.to_string() == ip) {
+            return Err(Error::Ipam(format!(
+                "calico-ipam: {ip} of prevResult is not allocated to handle {handle}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// STATUS: the datastore answers and an enabled pool exists.
+pub async fn status(call: &Call<'_>) -> Result<()> {
+    let pools =
+        tokio::time::timeout_at(call.deadline, Allocator::new(call.store, call.host).pools())
+            .await
+            .map_err(|_| timed_out("reading IP pools"))??;
+    if !pools.iter().any(|p| !p.spec.disabled) {
+        return Err(Error::NotAvailable(
+            "calico-ipam cannot allocate: no enabled IP pool is configured".into(),
+        ));
+    }
+    Ok(())
+}
