@@ -88,6 +88,17 @@ struct Plugin {
     store: Option<PathBuf>,
 }
 
+impl Plugin {
+    /// A letter for its pods' names.
+    fn tag(&self) -> &'static str {
+        match self.label {
+            "ptp+host-local" => "p",
+            "calico+host-local" => "c",
+            _ => "i",
+        }
+    }
+}
+
 /// One invocation's outcome.
 struct Sample {
     ok: bool,
@@ -447,7 +458,7 @@ fn plugins(work: &Path) -> Vec<Plugin> {
         Plugin {
             label: "calico+host-local",
             cni_path: format!("{}:{CNI_BIN}", calico.parent().unwrap().display()),
-            binary: calico,
+            binary: calico.clone(),
             conf: json!({
                 "cniVersion": "1.0.0", "name": "bench-calico", "type": "calico",
                 "nodename": "bench-node",
@@ -459,7 +470,47 @@ fn plugins(work: &Path) -> Vec<Plugin> {
             ipam_dir: calico_dir.join("ipam/bench-calico"),
             store: Some(calico_dir.join("store.db")),
         },
+        calico_ipam_plugin(&calico, &work.join("calico-ipam")),
     ]
+}
+
+/// The calico plugin with calico-ipam (in process: the `calico-ipam` in
+/// its CNI_PATH is a link to the same binary) on a pool of its own.
+fn calico_ipam_plugin(calico: &Path, dir: &Path) -> Plugin {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bench dir");
+    let _ = std::os::unix::fs::symlink(calico, bin.join("calico-ipam"));
+    let _ = std::os::unix::fs::symlink(calico, bin.join("calico"));
+    let store_path = dir.join("store.db");
+    let store =
+        calico_cni::datastore::local::LocalStore::open(&store_path, Duration::from_secs(10))
+            .expect("bench store");
+    let mut pool = calico_cni::datastore::ipam_model::IpPool::new(
+        "bench-pool",
+        calico_cni::datastore::ipam_model::IpPoolSpec {
+            cidr: "10.246.0.0/16".into(),
+            block_size: 26,
+            ..Default::default()
+        },
+    );
+    let s: &dyn calico_cni::datastore::Store = &store;
+    runtime().block_on(s.create(&mut pool)).expect("bench pool");
+    Plugin {
+        label: "calico+calico-ipam",
+        cni_path: format!("{}:{CNI_BIN}", bin.display()),
+        binary: bin.join("calico"),
+        conf: json!({
+            "cniVersion": "1.0.0", "name": "bench-calico-ipam", "type": "calico",
+            "nodename": "bench-node",
+            "log_file_path": dir.join("cni.log"),
+            "local_datastore_path": store_path,
+            "ipam_lock_file": dir.join("ipam.lock"),
+            "mtu_file": dir.join("mtu"),
+            "ipam": {"type": "calico-ipam"}
+        }),
+        ipam_dir: dir.join("none"),
+        store: Some(store_path),
+    }
 }
 
 fn main() {
@@ -529,7 +580,7 @@ fn run() -> Result<(), Failure> {
                 pod_floor.push(s);
             }
             for p in &plugins {
-                let tag = format!("b{}{}{r}{conc}", std::process::id() % 10000, &p.label[..1]);
+                let tag = format!("b{}{}{r}{conc}", std::process::id() % 10000, p.tag());
                 let res = round(p, o.n, conc, &tag);
                 row(p.label, conc, "ADD", &res.add);
                 row(p.label, conc, "DEL", &res.del);
@@ -559,7 +610,7 @@ fn run() -> Result<(), Failure> {
             rss.insert((p.label, op), Vec::new());
         }
         for k in 0..RSS_CALLS {
-            let tag = format!("br{}{}{k}", std::process::id() % 10000, &p.label[..1]);
+            let tag = format!("br{}{}{k}", std::process::id() % 10000, p.tag());
             sh("ip", &["netns", "add", &format!("{tag}-0")]);
             for op in ["ADD", "DEL"] {
                 let s = cni(p, op, 0, &tag);
@@ -629,6 +680,11 @@ fn run() -> Result<(), Failure> {
     let size = std::fs::metadata(&plugins[1].binary)?.len();
     println!("\n| ratio | value | target |\n|---|---|---|");
     println!("| ADD p50, ours / ptp (conc {c1}) | {add_ratio:.2} | <= 0.75 |");
+    let ipam_ratio = fig("calico+calico-ipam", c1, &|r| r.add.p50.as_secs_f64())
+        / fig(peer, c1, &|r| r.add.p50.as_secs_f64());
+    println!(
+        "| ADD p50, calico+calico-ipam (in process) / ptp+host-local (conc {c1}) | {ipam_ratio:.2} | (reference) |"
+    );
     println!(
         "| DEL p50, ours / kernel delete of a pod's veth pair, same round (conc {c1}) | {del_ratio:.2} | <= 1.15 |"
     );

@@ -1,25 +1,29 @@
 //! Quickstart: two pods wired by the real `calico` binary through the CNI
 //! exec contract, with `conf/10-calico-local.conflist` (embedded datastore,
-//! Debian's host-local). Run as root:
+//! `calico-ipam`, which is the same binary). Run as root:
 //!
 //!     cargo build --release && cargo run --release --example quickstart
 //!
-//! It creates two network namespaces, ADDs a pod in each, prints their
-//! addresses, routes and stored WorkloadEndpoints, pings pod to pod and host
-//! to pod, DELs both and shows that nothing is left. State lives in a
-//! temporary directory, so the host's /var/lib is not touched.
+//! It creates an IP pool with `calico ipam pool add`, two network
+//! namespaces, ADDs a pod in each, prints their addresses, routes, stored
+//! WorkloadEndpoints and IPAM blocks, pings pod to pod and host to pod, DELs
+//! both and shows that nothing is left. State (the datastore, the IPAM lock,
+//! the log) lives in a temporary directory, so the host's /var/lib and
+//! /var/run are not touched.
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use calico_cni::datastore::ipam_model::IpamBlock;
 use calico_cni::datastore::local::LocalStore;
 use calico_cni::datastore::model::WorkloadEndpoint;
 use calico_cni::datastore::{ListFilter, Store};
 use serde_json::Value;
 
-const CNI_BIN: &str = "/usr/lib/cni";
+/// The pool the pods' addresses come from.
+const POOL: &str = "10.250.0.0/24";
 
 type Failure = Box<dyn std::error::Error>;
 
@@ -43,20 +47,28 @@ fn sh(cmd: &str, args: &[&str]) -> Result<String, Failure> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Where a runtime finds the plugins: a directory of the state dir with
+/// `calico-ipam`, a link to the `calico` binary (as installed next to it).
+struct Cni<'a> {
+    binary: &'a Path,
+    path: String,
+}
+
 /// One CNI invocation, as a runtime makes it.
 fn cni(
-    binary: &Path,
+    cni: &Cni,
     command: &str,
     container: &str,
     netns: &str,
     conf: &Value,
 ) -> Result<String, Failure> {
+    let binary = cni.binary;
     let env: HashMap<&str, &str> = HashMap::from([
         ("CNI_COMMAND", command),
         ("CNI_CONTAINERID", container),
         ("CNI_NETNS", netns),
         ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", CNI_BIN),
+        ("CNI_PATH", &cni.path),
     ]);
     let mut child = Command::new(binary)
         .env_clear()
@@ -102,16 +114,46 @@ fn run() -> Result<(), Failure> {
         env!("CARGO_MANIFEST_DIR"),
         "/conf/10-calico-local.conflist"
     ))?)?;
+    let mut plugin = list["plugins"][0].clone();
+    let at = |name: &str| Value::from(state.path().join(name).to_string_lossy().into_owned());
+    plugin["nodename"] = "quickstart-node".into();
+    plugin["log_file_path"] = at("cni.log");
+    plugin["local_datastore_path"] = at("store.db");
+    plugin["ipam_lock_file"] = at("run/ipam.lock");
+    // The list as installed in a conf dir, for `calico ipam pool add`.
+    let mut installed = list.clone();
+    installed["plugins"] = serde_json::json!([plugin.clone()]);
+    let conflist = state.path().join("10-calico-local.conflist");
+    std::fs::write(&conflist, serde_json::to_string_pretty(&installed)?)?;
     // What libcni does with a conflist: inject name and cniVersion.
-    let mut conf = list["plugins"][0].clone();
+    let mut conf = plugin;
     conf["name"] = list["name"].clone();
     conf["cniVersion"] = list["cniVersion"].clone();
-    conf["nodename"] = "quickstart-node".into();
-    conf["log_file_path"] = state.path().join("cni.log").to_string_lossy().into();
-    conf["local_datastore_path"] = state.path().join("store.db").to_string_lossy().into();
-    conf["ipam"]["dataDir"] = state.path().join("ipam").to_string_lossy().into();
-    conf["ipam"]["ranges"] = serde_json::json!([[{"subnet": "10.250.0.0/24"}]]);
     println!("== config (from conf/10-calico-local.conflist, state in a temp dir)\n{conf:#}\n");
+
+    let conflist = conflist.to_string_lossy().into_owned();
+    let pool = [
+        "ipam",
+        "pool",
+        "add",
+        "quickstart-ipv4-ippool",
+        POOL,
+        "--config",
+        &conflist,
+    ];
+    println!("== calico {}", pool.join(" "));
+    print!("{}", sh(&binary.to_string_lossy(), &pool)?);
+    let list_pools = ["ipam", "pool", "list", "--config", &conflist];
+    print!("{}", sh(&binary.to_string_lossy(), &list_pools)?);
+    println!();
+
+    let bin = state.path().join("bin");
+    std::fs::create_dir_all(&bin)?;
+    std::os::unix::fs::symlink(&binary, bin.join("calico-ipam"))?;
+    let plugins = Cni {
+        binary: &binary,
+        path: bin.to_string_lossy().into_owned(),
+    };
 
     let tag = std::process::id();
     let pods: Vec<(String, String)> = ["a", "b"]
@@ -121,15 +163,28 @@ fn run() -> Result<(), Failure> {
     for (ns, _) in &pods {
         sh("ip", &["netns", "add", ns])?;
     }
-    let outcome = wire_and_check(&binary, &conf, &pods, state.path());
+    let outcome = wire_and_check(&plugins, &conf, &pods, state.path());
     for (ns, _) in &pods {
         let _ = sh("ip", &["netns", "del", ns]);
     }
-    outcome
+    outcome?;
+
+    // With every address released, the pool can go.
+    let remove = [
+        "ipam",
+        "pool",
+        "remove",
+        "quickstart-ipv4-ippool",
+        "--config",
+        &conflist,
+    ];
+    println!("== calico {}", remove.join(" "));
+    print!("{}", sh(&binary.to_string_lossy(), &remove)?);
+    Ok(())
 }
 
 fn wire_and_check(
-    binary: &Path,
+    plugins: &Cni,
     conf: &Value,
     pods: &[(String, String)],
     state: &Path,
@@ -137,7 +192,7 @@ fn wire_and_check(
     let mut ips = Vec::new();
     for (ns, cid) in pods {
         let result: Value = serde_json::from_str(&cni(
-            binary,
+            plugins,
             "ADD",
             cid,
             &format!("/var/run/netns/{ns}"),
@@ -174,6 +229,16 @@ fn wire_and_check(
     for w in &weps {
         println!("{}", serde_json::to_string_pretty(w)?);
     }
+    let blocks =
+        runtime.block_on((&store as &dyn Store).list::<IpamBlock>("", &ListFilter::All))?;
+    for b in &blocks {
+        println!(
+            "== IPAMBlock {} (affinity {}): {} addresses allocated",
+            b.spec.cidr,
+            b.spec.affinity.as_deref().unwrap_or("none"),
+            allocated(b)
+        );
+    }
 
     println!("== ping pod a -> pod b ({})", ips[1]);
     print!(
@@ -187,7 +252,7 @@ fn wire_and_check(
     print!("{}", sh("ping", &["-c2", "-W2", &ips[0]])?);
 
     for (ns, cid) in pods {
-        cni(binary, "DEL", cid, &format!("/var/run/netns/{ns}"), conf)?;
+        cni(plugins, "DEL", cid, &format!("/var/run/netns/{ns}"), conf)?;
         println!("== DEL {cid}: ok");
     }
 
@@ -203,20 +268,15 @@ fn wire_and_check(
         .iter()
         .filter(|ip| routes.contains(ip.as_str()))
         .collect();
-    let reservations = std::fs::read_dir(state.join("ipam/k8s-pod-network"))
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .filter(|e| {
-                    e.file_name().to_string_lossy().contains('.')
-                        && !e.file_name().to_string_lossy().starts_with("last_")
-                })
-                .count()
-        })
-        .unwrap_or(0);
+    let reservations: usize = runtime
+        .block_on((&store as &dyn Store).list::<IpamBlock>("", &ListFilter::All))?
+        .iter()
+        .map(allocated)
+        .sum();
     let weps = runtime
         .block_on((&store as &dyn Store).list::<WorkloadEndpoint>("default", &ListFilter::All))?;
     println!(
-        "== left behind: host veths {veths:?}, host routes {leftover_routes:?}, IP reservations {reservations}, WorkloadEndpoints {}",
+        "== left behind: host veths {veths:?}, host routes {leftover_routes:?}, allocated addresses {reservations}, WorkloadEndpoints {}",
         weps.len()
     );
     if !veths.is_empty() || !leftover_routes.is_empty() || reservations != 0 || !weps.is_empty() {
@@ -224,4 +284,14 @@ fn wire_and_check(
     }
     println!("== namespaces are deleted next; nothing else remains");
     Ok(())
+}
+
+/// Addresses allocated in a block.
+fn allocated(block: &IpamBlock) -> usize {
+    block
+        .spec
+        .allocations
+        .iter()
+        .filter(|a| a.is_some())
+        .count()
 }

@@ -1,6 +1,7 @@
-//! The process edge: personality by argv[0], flags, the environment and
-//! stdin turned into a [`Request`], one dispatch, and the one place where a
-//! result or an error becomes stdout text and an exit code.
+//! The process edge: personality by argv[0], flags (and the operator's
+//! `calico ipam ...` subcommands, handed to [`crate::cli`]), the environment
+//! and stdin turned into a [`Request`], one dispatch, and the one place
+//! where a result or an error becomes stdout text and an exit code.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -110,6 +111,15 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
     match args.get(1).map(String::as_str) {
         None => {}
         Some("-v" | "--version" | "-version") => return Exit::ok(format!("{VERSION}\n")),
+        // The operator's subcommands; the calico-ipam personality has none.
+        Some("ipam") if personality == Personality::Calico => {
+            let outcome = crate::cli::run(&args[2..], &vars);
+            return Exit {
+                stdout: outcome.stdout,
+                stderr: outcome.stderr,
+                code: outcome.code,
+            };
+        }
         Some(flag) => {
             let e = Error::Invocation(format!("failed to parse CLI flags: unknown flag {flag:?}"));
             return Exit::error(&e, version::CURRENT);

@@ -2,6 +2,7 @@
 //! CNI plugins.
 
 pub mod app;
+pub mod cli;
 pub mod cni;
 pub mod dataplane;
 pub mod datastore;

@@ -31,7 +31,7 @@ fn conf_example(s: &Setup, net: &str, version: &str) -> std::path::PathBuf {
     let mut list: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/conf/10-calico-local.conflist"
+            "/conf/10-calico-local-host-local.conflist"
         ))
         .unwrap(),
     )

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Lowest first: the leaves, the contract, the services, IPAM, the
-/// orchestration of the verbs, and the process edge.
+/// orchestration of the verbs, the operator's subcommands, and the process
+/// edge.
 const RANKS: &[(&str, u32)] = &[
     ("k8s", 0),
     ("logging", 0),
@@ -16,7 +17,8 @@ const RANKS: &[(&str, u32)] = &[
     ("datastore", 2),
     ("ipam", 3),
     ("plugin", 4),
-    ("app", 5),
+    ("cli", 5),
+    ("app", 6),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

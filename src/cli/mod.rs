@@ -212,7 +212,9 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
             let json = match output.as_deref() {
                 None | Some("table" | "wide") => false,
                 Some("json") => true,
-                Some(other) => return Err(format!("unknown output format {other:?} (table, json)")),
+                Some(other) => {
+                    return Err(format!("unknown output format {other:?} (table, json)"));
+                }
             };
             Ok(Cli::List { json, config })
         }
@@ -294,7 +296,9 @@ mod tests {
     #[test]
     fn parses_the_verbs() {
         assert_eq!(
-            parse(&args("pool add p1 10.0.0.0/16 --block-size=24 --disabled --config /c")),
+            parse(&args(
+                "pool add p1 10.0.0.0/16 --block-size=24 --disabled --config /c"
+            )),
             Ok(Cli::Add {
                 add: pool::AddArgs {
                     name: "p1".into(),
@@ -348,7 +352,10 @@ mod tests {
             ("pool add p1 10.0.0.0/16 --block-size", "needs a value"),
             ("pool add p1 10.0.0.0/16 --block-size x", "is not a number"),
             ("pool add p1 10.0.0.0/16 --disabled=yes", "takes no value"),
-            ("pool list --disabled", "unknown flag \"--disabled\" for pool list"),
+            (
+                "pool list --disabled",
+                "unknown flag \"--disabled\" for pool list",
+            ),
             ("pool list -o yaml", "unknown output format"),
             ("pool remove", "needs NAME"),
             ("pool remove p1 --force", "unknown flag"),

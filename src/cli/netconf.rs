@@ -18,7 +18,10 @@ const EXTENSIONS: &[&str] = &["conf", "conflist", "json"];
 
 /// The config file to use: `explicit`, else the first file (by name) with
 /// a config extension in `CNI_CONF_DIR` or /etc/cni/net.d.
-pub fn config_path(explicit: Option<&Path>, vars: &HashMap<String, String>) -> Result<PathBuf, String> {
+pub fn config_path(
+    explicit: Option<&Path>,
+    vars: &HashMap<String, String>,
+) -> Result<PathBuf, String> {
     if let Some(path) = explicit {
         return Ok(path.to_path_buf());
     }
@@ -93,8 +96,8 @@ pub fn load(explicit: Option<&Path>, vars: &HashMap<String, String>) -> Result<N
     let path = config_path(explicit, vars)?;
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("reading the network config {}: {e}", path.display()))?;
-    let document: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    let document: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
     let plugin = calico_plugin(&document, &path)?;
     NetConf::from_value(&plugin).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -118,7 +121,8 @@ mod tests {
         );
         let single = json!({"type": "calico", "name": "n"});
         assert_eq!(calico_plugin(&single, Path::new("x.conf")).unwrap(), single);
-        let err = calico_plugin(&json!({"plugins": [{"type": "bridge"}]}), Path::new("a")).unwrap_err();
+        let err =
+            calico_plugin(&json!({"plugins": [{"type": "bridge"}]}), Path::new("a")).unwrap_err();
         assert!(err.contains("no plugin of type \"calico\""), "{err}");
         let err = calico_plugin(&json!({"type": "bridge"}), Path::new("a")).unwrap_err();
         assert!(err.contains("not \"calico\""), "{err}");
@@ -131,7 +135,10 @@ mod tests {
         for name in ["20-b.conflist", "10-a.json", "05-notes.txt"] {
             std::fs::write(dir.join(name), "{}").unwrap();
         }
-        let vars = HashMap::from([("CNI_CONF_DIR".to_string(), dir.to_string_lossy().into_owned())]);
+        let vars = HashMap::from([(
+            "CNI_CONF_DIR".to_string(),
+            dir.to_string_lossy().into_owned(),
+        )]);
         assert_eq!(config_path(None, &vars).unwrap(), dir.join("10-a.json"));
         assert_eq!(
             config_path(Some(Path::new("/x.conf")), &vars).unwrap(),

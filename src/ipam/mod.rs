@@ -95,7 +95,7 @@ pub struct Driver<'a> {
 /// An IPAM ADD under way: the plugin's process, started early so that its
 /// start-up overlaps other work (nothing to start in process).
 pub enum Started<'a> {
-    Process(Running<'a>),
+    Process(Box<Running<'a>>),
     InProcess,
 }
 
@@ -104,7 +104,7 @@ impl<'a> Driver<'a> {
     pub async fn start(&self, command: Command) -> Result<Started<'_>> {
         match self.in_process {
             Some(_) => Ok(Started::InProcess),
-            None => Ok(Started::Process(self.exec.spawn(command).await?)),
+            None => Ok(Started::Process(Box::new(self.exec.spawn(command).await?))),
         }
     }
 
@@ -166,7 +166,7 @@ impl<'a> Driver<'a> {
                 .await?
                 .unwrap_or_default()),
             (None, Some(Started::Process(running))) => {
-                self.exec.add_on(config, Some(running)).await
+                self.exec.add_on(config, Some(*running)).await
             }
             (None, _) => self.exec.add(config).await,
         }

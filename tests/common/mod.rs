@@ -6,6 +6,7 @@
 
 pub mod containerd;
 pub mod faultproxy;
+pub mod ipam;
 pub mod testbed;
 
 use std::collections::HashMap;

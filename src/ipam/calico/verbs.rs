@@ -131,8 +131,9 @@ fn upgrade_marker(lock_file: &Path) -> PathBuf {
         .join("ipam_upgraded")
 }
 
-/// ADD: an explicit address (`IP=`) or auto-assignment; the result lists
-/// each address with its block's prefix and one route per address.
+/// ADD: an explicit address (`IP=`, given back as /32 or /128) or
+/// auto-assignment (each address with its block's prefix); one route per
+/// address.
 pub async fn add(call: &Call<'_>) -> Result<CniResult> {
     let req = call.req;
     check_identifiers(req, call.host)?;
@@ -163,7 +164,7 @@ pub async fn add(call: &Call<'_>) -> Result<CniResult> {
                 }
             }
             let ip = allocator.assign_ip(ip, &handle, &attrs).await?;
-            return Ok::<_, IpamError>(vec![ip]);
+            return Ok::<_, IpamError>(vec![IpNet::from(ip.addr())]);
         }
         let ipam = &req.conf.ipam;
         let num4 = usize::from(ipam.assign_ipv4.as_deref() != Some("false"));

@@ -1,0 +1,960 @@
+//! Calico's IPAM test vectors (calico-behaviour.md §10, §11 items 12, 29,
+//! 36, 39, 43-48) against the built binary: as `calico-ipam` (this binary
+//! under that name, exec'd directly) and as the `calico` plugin running it,
+//! each on the embedded store and, unless the vector is about Kubernetes
+//! only, on the test bed's real kube-apiserver. The IPAM objects are read
+//! back from the store (or through the admin API) and checked field by
+//! field; every world's pools, node and address ranges are its own (see
+//! tests/common/ipam.rs).
+
+mod common;
+
+use std::net::IpAddr;
+
+use common::ipam::*;
+use common::testbed::{Namespace, Testbed, testbed};
+use common::*;
+use ipnet::IpNet;
+use serde_json::{Value, json};
+
+const POD_IP: &str = "cni.projectcalico.org/podIP";
+const POD_IPS: &str = "cni.projectcalico.org/podIPs";
+const IPV4_POOLS: &str = "cni.projectcalico.org/ipv4pools";
+
+/// Runs `$body(&World)` on the embedded store (`embedded`) and on the test
+/// bed's API server (`kdd`).
+macro_rules! on_both {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn embedded() {
+                let test = concat!(stringify!($name), "::embedded");
+                if let Some(w) = World::new(test, Backend::Embedded) {
+                    super::$name(test, &w);
+                }
+            }
+
+            #[test]
+            fn kdd() {
+                let test = concat!(stringify!($name), "::kdd");
+                if let Some(w) = World::new(test, Backend::Kdd) {
+                    super::$name(test, &w);
+                }
+            }
+        }
+    };
+}
+
+/// The `n`-th address of a network.
+fn nth(net: &IpNet, n: u32) -> IpAddr {
+    address_at(&net.trunc(), n as usize)
+}
+
+/// A block's resource name: its CIDR with `.`, `:` and `/` as `-`.
+fn block_name(cidr: &IpNet) -> String {
+    cidr.to_string().replace(['.', ':', '/'], "-")
+}
+
+fn msg(out: &Outcome) -> String {
+    out.json()["msg"].as_str().unwrap_or_default().to_string()
+}
+
+/// A failed call: exit code 1 and an error whose message contains `want`.
+fn assert_fails_with(out: &Outcome, want: &str) {
+    assert_eq!(
+        out.code, 1,
+        "expected failure: {} / {}",
+        out.stdout, out.stderr
+    );
+    let m = msg(out);
+    assert!(m.contains(want), "error {m:?} does not contain {want:?}");
+}
+
+/// Every address of the result has a route whose destination contains it.
+fn assert_routes_cover(result: &Value) {
+    let routes: Vec<IpNet> = result["routes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| r["dst"].as_str().unwrap().parse().unwrap())
+        .collect();
+    for ip in result["ips"].as_array().unwrap() {
+        let a: IpNet = ip["address"].as_str().unwrap().parse().unwrap();
+        assert!(
+            routes.iter().any(|r| r.contains(&a.addr())),
+            "no route contains {a}: {result}"
+        );
+    }
+}
+
+/// Go's `time.Time.String()` of a UTC time:
+/// `2006-01-02 15:04:05.999999999 +0000 UTC`.
+fn is_go_utc_time(s: &str) -> bool {
+    let digits = |t: &str, n: usize| t.len() == n && t.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = s.strip_suffix(" +0000 UTC") else {
+        return false;
+    };
+    let Some((date, time)) = rest.split_once(' ') else {
+        return false;
+    };
+    let (clock, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let d: Vec<&str> = date.split('-').collect();
+    let c: Vec<&str> = clock.split(':').collect();
+    d.len() == 3
+        && digits(d[0], 4)
+        && digits(d[1], 2)
+        && digits(d[2], 2)
+        && c.len() == 3
+        && c.iter().all(|p| digits(p, 2))
+        && (1..=9).contains(&frac.len())
+        && frac.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The k8s plugin config of a world: policy k8s, the CNI's kubeconfig.
+fn k8s_conf(w: &World, bed: &Testbed) -> Value {
+    let mut conf = w.conf();
+    conf["policy"] = json!({"type": "k8s"});
+    conf["kubernetes"] = json!({"kubeconfig": bed.cni_kubeconfig()});
+    conf
+}
+
+fn k8s_args(ns: &Namespace, pod: &str, cid: &str) -> String {
+    format!(
+        "K8S_POD_NAMESPACE={};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid}",
+        ns.name
+    )
+}
+
+fn set_namespace_annotations(bed: &Testbed, ns: &Namespace, annotations: Value) {
+    let (code, v) = bed.admin_typed(
+        "PATCH",
+        &format!("/api/v1/namespaces/{}", ns.name),
+        Some(&json!([{"op": "add", "path": "/metadata/annotations", "value": annotations}])),
+        "application/json-patch+json",
+    );
+    assert_eq!(code, 200, "{v}");
+}
+
+fn pools_annotation(pools: &[&str]) -> Value {
+    json!({ IPV4_POOLS: serde_json::to_string(pools).unwrap() })
+}
+
+// ---------------------------------------------------------------------------
+// 12: the objects an ADD writes.
+
+fn v12_objects_written_by_an_add(_test: &str, w: &World) {
+    // The vector, computed here independently of the plugin.
+    assert_eq!(
+        hostname_hash("node-a"),
+        "PY3TQE2E3XMTETLM2MJO3UITKPFB27YUJ4T4E5XGPEJON3SM4QAA"
+    );
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    // Upper case in the container ID: the handle's name is lower-cased.
+    let cid = format!("ABC{}", container_id());
+    let handle_id = format!("net1.{cid}");
+    let r = w.ipam("ADD", &cid, &w.conf(), "").assert_ok().json();
+    let ip = address(&r, 0);
+    assert_eq!(ip.prefix_len(), 26, "{r}");
+    let block = ip.trunc();
+    assert!(pool.contains(&block), "{ip} outside {pool}");
+    assert_eq!(
+        ip.addr(),
+        block.network(),
+        "a fresh block hands out its base"
+    );
+
+    // BlockAffinity `<node>-<cidr name>`, labelled for host lookups.
+    let name = format!("{}-{}", w.node, block_name(&block));
+    let affinity = w.get::<BlockAffinity>(&name).expect("BlockAffinity");
+    let labels = &affinity["metadata"]["labels"];
+    let hash = if w.backend == Backend::Embedded {
+        assert_eq!(w.node, "node-a");
+        "PY3TQE2E3XMTETLM2MJO3UITKPFB27YUJ4T4E5XGPEJON3SM4QAA".to_string()
+    } else {
+        hostname_hash(&w.node)
+    };
+    assert_eq!(labels["projectcalico.org/hostname-hash"], json!(hash));
+    assert_eq!(labels["projectcalico.org/affinity-type"], "host");
+    assert_eq!(labels["projectcalico.org/ip-version"], "4");
+    assert_eq!(
+        affinity["spec"],
+        json!({"state": "confirmed", "node": w.node, "type": "host",
+               "cidr": block.to_string(), "deleted": "false"})
+    );
+
+    // The IPAMBlock.
+    let b = w.get::<IpamBlock>(&block_name(&block)).expect("IPAMBlock");
+    let spec = &b["spec"];
+    assert_eq!(spec["cidr"], json!(block.to_string()));
+    assert_eq!(spec["affinity"], json!(format!("host:{}", w.node)));
+    let mut allocations = vec![Value::Null; 64];
+    allocations[0] = json!(0);
+    assert_eq!(spec["allocations"], json!(allocations));
+    assert_eq!(spec["unallocated"], json!((1..64).collect::<Vec<_>>()));
+    let attrs = spec["attributes"].as_array().unwrap();
+    assert_eq!(attrs.len(), 1, "{spec}");
+    assert_eq!(attrs[0]["handle_id"], json!(handle_id));
+    let secondary = attrs[0]["secondary"].as_object().unwrap();
+    assert_eq!(
+        secondary.keys().collect::<Vec<_>>(),
+        ["node", "timestamp"],
+        "{spec}"
+    );
+    assert_eq!(secondary["node"], json!(w.node));
+    let ts = secondary["timestamp"].as_str().unwrap();
+    assert!(is_go_utc_time(ts), "timestamp {ts:?}");
+    assert_eq!(spec["deleted"], json!(false));
+
+    // The IPAMHandle: named by the lower-cased ID.
+    let h = w
+        .get::<IpamHandle>(&handle_id.to_lowercase())
+        .expect("IPAMHandle");
+    assert_eq!(h["metadata"]["name"], json!(handle_id.to_lowercase()));
+    assert_eq!(h["spec"]["handleID"], json!(handle_id));
+    assert_eq!(h["spec"]["block"], json!({ block.to_string(): 1 }));
+
+    // A pod's address also records its pod and namespace.
+    let cid2 = container_id();
+    let args = format!("K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid2}");
+    let r2 = w.ipam("ADD", &cid2, &w.conf(), &args).assert_ok().json();
+    assert_eq!(address(&r2, 0).addr(), nth(&block, 1), "{r2}");
+    let b = w.get::<IpamBlock>(&block_name(&block)).unwrap();
+    let attr = &b["spec"]["attributes"][1];
+    assert_eq!(attr["handle_id"], json!(format!("net1.{cid2}")));
+    assert_eq!(attr["secondary"]["pod"], "pod1");
+    assert_eq!(attr["secondary"]["namespace"], "ns1");
+    assert_eq!(attr["secondary"]["node"], json!(w.node));
+    assert_eq!(b["spec"]["allocations"][1], json!(1));
+
+    w.ipam("DEL", &cid, &w.conf(), "").assert_ok();
+    w.ipam("DEL", &cid2, &w.conf(), &args).assert_ok();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+    assert!(w.handle(&handle_id).is_none());
+    // The block stays, affine to this host, all free.
+    let b = w.get::<IpamBlock>(&block_name(&block)).unwrap();
+    assert_eq!(b["spec"]["affinity"], json!(format!("host:{}", w.node)));
+    assert_eq!(b["spec"]["unallocated"].as_array().unwrap().len(), 64);
+}
+on_both!(v12_objects_written_by_an_add);
+
+// ---------------------------------------------------------------------------
+// 29: calico-ipam's result and handle; the calico plugin with calico-ipam.
+
+fn v29_calico_ipam_result_and_handle(_test: &str, w: &World) {
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let small = w.v4(1);
+    w.pool(&small.to_string(), json!({"blockSize": 28}));
+
+    let cid = container_id();
+    let conf = w.conf_with_ipam(json!({"ipv4_pools": [pool.to_string()]}));
+    let r = w.ipam("ADD", &cid, &conf, "").assert_ok().json();
+    assert_eq!(r["ips"].as_array().unwrap().len(), 1, "{r}");
+    let ip = address(&r, 0);
+    assert_eq!(ip.prefix_len(), 26, "the block's prefix: {r}");
+    assert!(pool.contains(&ip.addr()));
+    assert_eq!(
+        r["routes"],
+        json!([{"dst": format!("{}/32", ip.addr())}]),
+        "{r}"
+    );
+    let handle_id = format!("net1.{cid}");
+    assert_eq!(w.addresses_of(&handle_id), [ip.addr()]);
+
+    // A pool's blockSize is the result's prefix.
+    let cid2 = container_id();
+    let conf2 = w.conf_with_ipam(json!({"ipv4_pools": [small.to_string()]}));
+    let r2 = w.ipam("ADD", &cid2, &conf2, "").assert_ok().json();
+    let ip2 = address(&r2, 0);
+    assert_eq!(ip2.prefix_len(), 28, "{r2}");
+    assert!(small.contains(&ip2.addr()));
+
+    for c in [&cid, &cid2] {
+        let out = w.ipam("DEL", c, &conf, "");
+        out.assert_ok();
+        assert_eq!(out.stdout, "");
+    }
+    assert!(w.handle(&handle_id).is_none());
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+on_both!(v29_calico_ipam_result_and_handle);
+
+fn v29_calico_plugin_with_calico_ipam(test: &str, w: &World) {
+    if !root_or_skip(test) {
+        return;
+    }
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let netns = Netns::new();
+    let cid = container_id();
+    let handle_id = format!("net1.{cid}");
+    // Embedded: the plain CNI path; Kubernetes: a pod of the API server.
+    let bed_ns = match w.backend {
+        Backend::Embedded => None,
+        Backend::Kdd => {
+            let ns = w.bed().namespace(json!({}), json!({}));
+            w.pod(&ns, "pod1", json!({}));
+            Some(ns)
+        }
+    };
+    let (conf, args) = match &bed_ns {
+        None => (w.conf(), String::new()),
+        Some(ns) => (k8s_conf(w, w.bed()), k8s_args(ns, "pod1", &cid)),
+    };
+    let r = w
+        .plugin("ADD", &cid, &netns.path(), &conf, &args, None)
+        .assert_ok()
+        .json();
+    assert_eq!(r["ips"].as_array().unwrap().len(), 1, "{r}");
+    let ip = address(&r, 0);
+    assert_eq!(ip.prefix_len(), 32, "the plugin narrows to /32: {r}");
+    assert!(pool.contains(&ip.addr()));
+    assert_eq!(w.addresses_of(&handle_id), [ip.addr()]);
+    // This binary is CNI_PATH's calico-ipam: no second process.
+    assert!(w.log().contains("calico-ipam in process"), "{}", w.log());
+    let block = IpNet::new(ip.addr(), 26).unwrap().trunc();
+    let h = w.handle(&handle_id).expect("handle");
+    assert_eq!(h["spec"]["block"], json!({ block.to_string(): 1 }));
+
+    if bed_ns.is_none() {
+        // The endpoint exists: the same result again, no second address.
+        let again = w
+            .plugin("ADD", &cid, &netns.path(), &conf, &args, None)
+            .assert_ok()
+            .json();
+        assert_eq!(again["ips"], r["ips"]);
+        assert_eq!(w.addresses_of(&handle_id), [ip.addr()]);
+    }
+
+    w.plugin("DEL", &cid, &netns.path(), &conf, &args, None)
+        .assert_ok();
+    assert!(w.handle(&handle_id).is_none());
+    let blocks = w.blocks();
+    assert!(!blocks.is_empty());
+    for b in &blocks {
+        assert!(
+            b["spec"]["allocations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(Value::is_null),
+            "{b}"
+        );
+    }
+}
+on_both!(v29_calico_plugin_with_calico_ipam);
+
+// ---------------------------------------------------------------------------
+// 36 (Kubernetes): pools from namespace and pod annotations.
+
+#[test]
+fn v36_pool_annotations_kdd() {
+    let test = "v36_pool_annotations_kdd";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(w) = World::new(test, Backend::Kdd) else {
+        return;
+    };
+    let bed = w.bed();
+    let ns = bed.namespace(json!({}), json!({}));
+    let conf = k8s_conf(&w, bed);
+    let a = w.v4(0);
+    w.pool(&a.to_string(), json!({}));
+    // Four addresses in one block of four.
+    let full: IpNet = format!("{}/30", w.v4(1).network()).parse().unwrap();
+    w.pool(&full.to_string(), json!({"blockSize": 30}));
+    let b = w.v4(2);
+    w.pool(&b.to_string(), json!({}));
+    let by_pod = w.v4(3);
+    w.pool(&by_pod.to_string(), json!({}));
+    let named_cidr = w.v4(4);
+    let named = w.pool(&named_cidr.to_string(), json!({}));
+
+    let mut n = 0;
+    let mut add = |ns_annotations: Value, pod_annotations: Value| {
+        set_namespace_annotations(bed, &ns, ns_annotations);
+        n += 1;
+        let pod = format!("pod{n}");
+        w.pod(&ns, &pod, pod_annotations);
+        let netns = Netns::new();
+        let cid = container_id();
+        let args = k8s_args(&ns, &pod, &cid);
+        let out = w.plugin("ADD", &cid, &netns.path(), &conf, &args, None);
+        (out, netns, cid, args)
+    };
+    let del = |netns: &Netns, cid: &str, args: &str| {
+        w.plugin("DEL", cid, &netns.path(), &conf, args, None)
+            .assert_ok();
+    };
+
+    // The namespace's pool.
+    let (out, netns, cid, args) = add(pools_annotation(&[&a.to_string()]), json!({}));
+    let ip = address(&out.assert_ok().json(), 0);
+    assert!(a.contains(&ip.addr()), "{ip} not from {a}");
+    del(&netns, &cid, &args);
+
+    // A pool that does not exist: ADD fails, DEL succeeds.
+    let (out, netns, cid, args) = add(pools_annotation(&["100.0.0.0/16"]), json!({}));
+    assert_fails_with(
+        &out,
+        "the given pool (100.0.0.0/16) does not exist, or is not enabled",
+    );
+    del(&netns, &cid, &args);
+    assert!(w.handle(&format!("net1.{cid}")).is_none());
+
+    // A full pool: ADD fails.
+    let fillers: Vec<String> = (0..4).map(|_| container_id()).collect();
+    let fill = w.conf_with_ipam(json!({"ipv4_pools": [full.to_string()]}));
+    for c in &fillers {
+        w.ipam("ADD", c, &fill, "").assert_ok();
+    }
+    let (out, netns, cid, args) = add(pools_annotation(&[&full.to_string()]), json!({}));
+    assert_fails_with(&out, "Assigned 0 out of 1 requested IPv4 addresses");
+    assert!(w.handle(&format!("net1.{cid}")).is_none());
+    del(&netns, &cid, &args);
+
+    // The first pool full: an address from the second.
+    let (out, netns, cid, args) = add(
+        pools_annotation(&[&full.to_string(), &b.to_string()]),
+        json!({}),
+    );
+    let ip = address(&out.assert_ok().json(), 0);
+    assert!(b.contains(&ip.addr()), "{ip} not from {b}");
+    del(&netns, &cid, &args);
+
+    // The pod's annotation beats the namespace's.
+    let (out, netns, cid, args) = add(
+        pools_annotation(&[&a.to_string()]),
+        pools_annotation(&[&by_pod.to_string()]),
+    );
+    let ip = address(&out.assert_ok().json(), 0);
+    assert!(by_pod.contains(&ip.addr()), "{ip} not from {by_pod}");
+    del(&netns, &cid, &args);
+
+    // A pool named rather than given by CIDR.
+    let (out, netns, cid, args) = add(pools_annotation(&[&named]), json!({}));
+    let ip = address(&out.assert_ok().json(), 0);
+    assert!(named_cidr.contains(&ip.addr()), "{ip} not from {named}");
+    del(&netns, &cid, &args);
+
+    for c in &fillers {
+        w.ipam("DEL", c, &fill, "").assert_ok();
+    }
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+
+// ---------------------------------------------------------------------------
+// 39: the ipAddrs and ipAddrsNoIpam annotations.
+
+fn v39_ip_addrs_annotations(test: &str, w: &World) {
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(bed) = testbed(test) else { return };
+    let ns = bed.namespace(json!({}), json!({}));
+    let conf = k8s_conf(w, bed);
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let ip = nth(&pool, 111);
+    let want = format!("{ip}/32");
+    w.pod(
+        &ns,
+        "pod1",
+        json!({"cni.projectcalico.org/ipAddrs": format!("[\"{ip}\"]")}),
+    );
+    let add = |cid: &str, netns: &Netns, conf: &Value, pod: &str| {
+        w.plugin(
+            "ADD",
+            cid,
+            &netns.path(),
+            conf,
+            &k8s_args(&ns, pod, cid),
+            None,
+        )
+    };
+    let del = |cid: &str, netns: &Netns, pod: &str| {
+        w.plugin(
+            "DEL",
+            cid,
+            &netns.path(),
+            &conf,
+            &k8s_args(&ns, pod, cid),
+            None,
+        )
+        .assert_ok();
+    };
+    let recorded = || -> Vec<Value> {
+        match w.backend {
+            Backend::Kdd => {
+                let ann = &ns.pod("pod1").unwrap()["metadata"]["annotations"];
+                vec![ann[POD_IP].clone(), ann[POD_IPS].clone()]
+            }
+            Backend::Embedded => w
+                .endpoints(&ns.name)
+                .iter()
+                .map(|e| e["spec"]["ipNetworks"].clone())
+                .collect(),
+        }
+    };
+    let expected = || match w.backend {
+        Backend::Kdd => vec![json!(want), json!(want)],
+        Backend::Embedded => vec![json!([want])],
+    };
+
+    let (n1, c1) = (Netns::new(), container_id());
+    let r = add(&c1, &n1, &conf, "pod1").assert_ok().json();
+    assert_eq!(r["ips"][0]["address"], json!(want), "{r}");
+    assert_eq!(recorded(), expected());
+    assert_eq!(w.addresses_of(&format!("net1.{c1}")), [ip]);
+
+    // The pod re-created (a new sandbox before the old one's DEL): the
+    // address moves to the new container.
+    let (n2, c2) = (Netns::new(), container_id());
+    let r = add(&c2, &n2, &conf, "pod1").assert_ok().json();
+    assert_eq!(r["ips"][0]["address"], json!(want), "{r}");
+    assert_eq!(w.addresses_of(&format!("net1.{c2}")), [ip]);
+    assert!(w.handle(&format!("net1.{c1}")).is_none());
+    // The old sandbox's DEL leaves the new one's address alone.
+    del(&c1, &n1, "pod1");
+    assert_eq!(w.addresses_of(&format!("net1.{c2}")), [ip]);
+    assert_eq!(recorded(), expected());
+    del(&c2, &n2, "pod1");
+    assert!(w.handle(&format!("net1.{c2}")).is_none());
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+    // Deleted and re-created: the same address again.
+    let (n3, c3) = (Netns::new(), container_id());
+    let r = add(&c3, &n3, &conf, "pod1").assert_ok().json();
+    assert_eq!(r["ips"][0]["address"], json!(want), "{r}");
+    assert_eq!(w.addresses_of(&format!("net1.{c3}")), [ip]);
+    del(&c3, &n3, "pod1");
+
+    // ipAddrsNoIpam: the address as given, no IPAM record; only with the
+    // feature on.
+    let no_ipam = nth(&pool, 112);
+    w.pod(
+        &ns,
+        "pod2",
+        json!({"cni.projectcalico.org/ipAddrsNoIpam": format!("[\"{no_ipam}\"]")}),
+    );
+    let mut on = conf.clone();
+    on["feature_control"] = json!({"ip_addrs_no_ipam": true});
+    let (n4, c4) = (Netns::new(), container_id());
+    let r = add(&c4, &n4, &on, "pod2").assert_ok().json();
+    assert_eq!(
+        r["ips"][0]["address"],
+        json!(format!("{no_ipam}/32")),
+        "{r}"
+    );
+    assert!(w.handle(&format!("net1.{c4}")).is_none());
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+    w.plugin(
+        "DEL",
+        &c4,
+        &n4.path(),
+        &on,
+        &k8s_args(&ns, "pod2", &c4),
+        None,
+    )
+    .assert_ok();
+    let (n5, c5) = (Netns::new(), container_id());
+    assert_fails_with(
+        &add(&c5, &n5, &conf, "pod2"),
+        "requested feature is not enabled: ip_addrs_no_ipam",
+    );
+}
+on_both!(v39_ip_addrs_annotations);
+
+// ---------------------------------------------------------------------------
+// 43: which families calico-ipam assigns.
+
+fn v43_families(_test: &str, w: &World) {
+    let p4 = w.v4(0);
+    let p6 = w.v6(0);
+    w.pool(&p4.to_string(), json!({}));
+    w.pool(&p6.to_string(), json!({}));
+    let mut cids = Vec::new();
+    let mut add = |ipam: Value| {
+        let cid = container_id();
+        let r = w
+            .ipam("ADD", &cid, &w.conf_with_ipam(ipam), "")
+            .assert_ok()
+            .json();
+        assert_routes_cover(&r);
+        cids.push(cid);
+        r
+    };
+
+    let r = add(json!({}));
+    assert_eq!(r["ips"].as_array().unwrap().len(), 1, "{r}");
+    let ip = address(&r, 0);
+    assert!(ip.addr().is_ipv4() && p4.contains(&ip.addr()), "{r}");
+    assert_eq!(ip.netmask().to_string(), "255.255.255.192");
+
+    let r = add(json!({"assign_ipv4": "false", "assign_ipv6": "true"}));
+    assert_eq!(r["ips"].as_array().unwrap().len(), 1, "{r}");
+    let ip = address(&r, 0);
+    assert!(p6.contains(&ip.addr()), "{r}");
+    assert_eq!(ip.prefix_len(), 122);
+    assert_eq!(
+        ip.netmask().to_string(),
+        "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffc0"
+    );
+
+    let r = add(json!({"assign_ipv4": "true", "assign_ipv6": "true"}));
+    let ips = r["ips"].as_array().unwrap();
+    assert_eq!(ips.len(), 2, "{r}");
+    assert!(p4.contains(&address(&r, 0).addr()), "{r}");
+    assert!(p6.contains(&address(&r, 1).addr()), "{r}");
+
+    // Only the exact strings count: "TRUE" is not "true".
+    let r = add(json!({"assign_ipv6": "TRUE"}));
+    assert_eq!(r["ips"].as_array().unwrap().len(), 1, "{r}");
+    assert!(address(&r, 0).addr().is_ipv4());
+
+    for cid in &cids {
+        w.ipam("DEL", cid, &w.conf(), "").assert_ok();
+    }
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+on_both!(v43_families);
+
+// ---------------------------------------------------------------------------
+// 44: an explicit address (IP= in CNI_ARGS).
+
+fn v44_explicit_ip(_test: &str, w: &World) {
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let tunnel = w.v4(1);
+    let tunnel_pool = w.pool(&tunnel.to_string(), json!({"allowedUses": ["Tunnel"]}));
+    let ip = nth(&pool, 123);
+    let arg = format!("IP={ip}");
+    let conf = w.conf();
+
+    let c1 = container_id();
+    let r = w.ipam("ADD", &c1, &conf, &arg).assert_ok().json();
+    assert_eq!(
+        r["ips"][0]["address"],
+        json!(format!("{ip}/32")),
+        "an explicit address is returned as /32 (§10.1 step 5): {r}"
+    );
+    assert_eq!(w.addresses_of(&format!("net1.{c1}")), [ip]);
+    w.ipam("DEL", &c1, &conf, &arg).assert_ok();
+    assert!(w.handle(&format!("net1.{c1}")).is_none());
+    assert!(w.allocations().is_empty());
+    // ADD, DEL, ADD: the same address again.
+    let r = w.ipam("ADD", &c1, &conf, &arg).assert_ok().json();
+    assert_eq!(address(&r, 0).addr(), ip, "{r}");
+
+    // Held: another container cannot have it; the error names the holder.
+    let c2 = container_id();
+    let out = w.ipam("ADD", &c2, &conf, &arg);
+    assert_fails_with(&out, &format!("net1.{c1}"));
+    assert!(msg(&out).contains(&ip.to_string()), "{}", msg(&out));
+    assert!(w.handle(&format!("net1.{c2}")).is_none());
+    assert_eq!(w.addresses_of(&format!("net1.{c1}")), [ip]);
+
+    // A pool that does not allow workloads.
+    let out = w.ipam("ADD", &c2, &conf, &format!("IP={}", nth(&tunnel, 5)));
+    assert_fails_with(&out, "which is not allowed for use \"Workload\"");
+    assert!(msg(&out).contains(&tunnel_pool), "{}", msg(&out));
+    // No pool at all.
+    let outside = nth(&w.v4(15), 1);
+    let out = w.ipam("ADD", &c2, &conf, &format!("IP={outside}"));
+    assert_fails_with(&out, "The provided IP address is not in a configured pool");
+    assert!(w.handle(&format!("net1.{c2}")).is_none());
+
+    w.ipam("DEL", &c1, &conf, "").assert_ok();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+on_both!(v44_explicit_ip);
+
+// ---------------------------------------------------------------------------
+// 45: requested pools must exist and be enabled.
+
+fn v45_requested_and_disabled_pools(_test: &str, w: &World) {
+    let enabled = w.v4(0);
+    w.pool(&enabled.to_string(), json!({}));
+    let disabled = w.v4(1);
+    w.pool(&disabled.to_string(), json!({"disabled": true}));
+    let cid = container_id();
+
+    let conf = w.conf_with_ipam(json!({"ipv4_pools": [enabled.to_string(), "192.169.1.0/24"]}));
+    assert_fails_with(
+        &w.ipam("ADD", &cid, &conf, ""),
+        "192.169.1.0/24) does not exist",
+    );
+    let conf = w.conf_with_ipam(json!({"ipv4_pools": [disabled.to_string()]}));
+    assert_fails_with(
+        &w.ipam("ADD", &cid, &conf, ""),
+        &format!("the given pool ({disabled}) does not exist, or is not enabled"),
+    );
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+
+    // Automatic assignment never picks the disabled pool.
+    let cids: Vec<String> = (0..3).map(|_| container_id()).collect();
+    for c in &cids {
+        let r = w.ipam("ADD", c, &w.conf(), "").assert_ok().json();
+        let ip = address(&r, 0);
+        assert!(enabled.contains(&ip.addr()), "{ip} not from {enabled}");
+    }
+    assert!(
+        w.blocks().iter().all(|b| {
+            let c: IpNet = b["spec"]["cidr"].as_str().unwrap().parse().unwrap();
+            !disabled.contains(&c)
+        }),
+        "a block of the disabled pool was made"
+    );
+    for c in &cids {
+        w.ipam("DEL", c, &w.conf(), "").assert_ok();
+    }
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+on_both!(v45_requested_and_disabled_pools);
+
+// ---------------------------------------------------------------------------
+// 46: dual stack with one family short fails and keeps nothing.
+
+fn v46_dual_stack_half_failure(_test: &str, w: &World) {
+    let p4 = w.v4(0);
+    w.pool(&p4.to_string(), json!({}));
+    let assert_nothing_kept = |cid: &str| {
+        assert!(w.handle(&format!("net1.{cid}")).is_none(), "handle kept");
+        assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+    };
+    if w.backend == Backend::Embedded {
+        // No IPv6 pool at all (on the embedded store, whose pools are all
+        // this test's).
+        let cid = container_id();
+        let conf = w.conf_with_ipam(json!({"assign_ipv4": "true", "assign_ipv6": "true"}));
+        assert_fails_with(
+            &w.ipam("ADD", &cid, &conf, ""),
+            "cannot find a qualified ippool",
+        );
+        assert_nothing_kept(&cid);
+    }
+    // Four IPv6 addresses, in one block.
+    let p6: IpNet = format!("{}/126", w.v6(0).network()).parse().unwrap();
+    w.pool(&p6.to_string(), json!({"blockSize": 126}));
+    let dual = |pools6: &[String]| {
+        w.conf_with_ipam(json!({"assign_ipv4": "true", "assign_ipv6": "true",
+                                 "ipv4_pools": [p4.to_string()], "ipv6_pools": pools6}))
+    };
+
+    // The IPv6 pool missing.
+    let cid = container_id();
+    let missing: IpNet = format!("{}/64", w.v6(9).network()).parse().unwrap();
+    let out = w.ipam("ADD", &cid, &dual(&[missing.to_string()]), "");
+    assert_fails_with(&out, "does not exist, or is not enabled");
+    assert!(out.stdout.contains(&missing.to_string()), "{}", out.stdout);
+    assert_nothing_kept(&cid);
+
+    // The IPv6 pool exhausted.
+    let v6_only = w.conf_with_ipam(json!({"assign_ipv4": "false", "assign_ipv6": "true",
+                                           "ipv6_pools": [p6.to_string()]}));
+    let fillers: Vec<String> = (0..4).map(|_| container_id()).collect();
+    for c in &fillers {
+        w.ipam("ADD", c, &v6_only, "").assert_ok();
+    }
+    let out = w.ipam("ADD", &cid, &dual(&[p6.to_string()]), "");
+    assert_fails_with(&out, "Assigned 0 out of 1 requested IPv6 addresses");
+    assert!(w.handle(&format!("net1.{cid}")).is_none(), "handle kept");
+    let v4_left: Vec<_> = w
+        .allocations()
+        .into_iter()
+        .filter(|(ip, _)| ip.is_ipv4())
+        .collect();
+    assert!(v4_left.is_empty(), "the IPv4 address was kept: {v4_left:?}");
+    for c in &fillers {
+        w.ipam("DEL", c, &v6_only, "").assert_ok();
+    }
+    assert_nothing_kept(&cid);
+}
+on_both!(v46_dual_stack_half_failure);
+
+// ---------------------------------------------------------------------------
+// 47: DEL releases both the handle and the pre-v3 handle.
+
+fn v47_del(_test: &str, w: &World) {
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let conf = w.conf();
+
+    // Nothing allocated: success, no output.
+    let out = w.ipam("DEL", &container_id(), &conf, "");
+    out.assert_ok();
+    assert_eq!(out.stdout, "");
+
+    // One address under `net1.<cid>` (an ADD) and one under the bare
+    // container ID (written here, as a pre-v3 plugin did).
+    let cid = container_id();
+    let r = w.ipam("ADD", &cid, &conf, "").assert_ok().json();
+    let block = address(&r, 0).trunc();
+    let mut b = w.get::<IpamBlock>(&block_name(&block)).unwrap();
+    let spec = &mut b["spec"];
+    let ordinal = spec["unallocated"].as_array_mut().unwrap().remove(0);
+    let attr = spec["attributes"].as_array().unwrap().len();
+    spec["attributes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"handle_id": cid, "secondary": {"node": w.node}}));
+    spec["allocations"][ordinal.as_u64().unwrap() as usize] = json!(attr);
+    spec["sequenceNumber"] = json!(spec["sequenceNumber"].as_u64().unwrap() + 1);
+    w.update::<IpamBlock>(b);
+    w.create::<IpamHandle>(json!({
+        "metadata": {"name": cid},
+        "spec": {"handleID": cid, "block": { block.to_string(): 1 }, "deleted": false}
+    }));
+    assert_eq!(w.addresses_of(&cid).len(), 1);
+    assert_eq!(w.addresses_of(&format!("net1.{cid}")).len(), 1);
+
+    let out = w.ipam("DEL", &cid, &conf, "");
+    out.assert_ok();
+    assert_eq!(out.stdout, "");
+    assert!(w.handle(&cid).is_none());
+    assert!(w.handle(&format!("net1.{cid}")).is_none());
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+    // And again: nothing left, still success.
+    w.ipam("DEL", &cid, &conf, "").assert_ok();
+}
+on_both!(v47_del);
+
+// ---------------------------------------------------------------------------
+// 48: the one-time labelling of a host's old BlockAffinities.
+
+fn v48_affinity_upgrade(_test: &str, w: &World) {
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let old_block: IpNet = format!("{}/26", nth(&pool, 128)).parse().unwrap();
+    let name = format!("{}-{}", w.node, block_name(&old_block));
+    // As an older Calico wrote it: no labels.
+    w.create::<BlockAffinity>(json!({
+        "metadata": {"name": name},
+        "spec": {"state": "confirmed", "node": w.node, "type": "host",
+                 "cidr": old_block.to_string(), "deleted": "false"}
+    }));
+    let marker = w.lock_file.parent().unwrap().join("cni/ipam_upgraded");
+    let conf = w.conf();
+
+    // Auto-assignment does not upgrade.
+    let c0 = container_id();
+    w.ipam("ADD", &c0, &conf, "").assert_ok();
+    assert!(!marker.exists());
+    let labels = |w: &World| w.get::<BlockAffinity>(&name).unwrap()["metadata"]["labels"].clone();
+    assert!(
+        labels(w).get("projectcalico.org/hostname-hash").is_none(),
+        "{}",
+        labels(w)
+    );
+
+    // The first explicit-address ADD labels and leaves the marker.
+    let c1 = container_id();
+    w.ipam("ADD", &c1, &conf, &format!("IP={}", nth(&pool, 7)))
+        .assert_ok();
+    assert!(marker.exists(), "{} missing", marker.display());
+    let l = labels(w);
+    assert_eq!(
+        l["projectcalico.org/hostname-hash"],
+        json!(hostname_hash(&w.node))
+    );
+    assert_eq!(l["projectcalico.org/affinity-type"], "host");
+    assert_eq!(l["projectcalico.org/ip-version"], "4");
+
+    // Later ones do not relabel.
+    let mut a = w.get::<BlockAffinity>(&name).unwrap();
+    a["metadata"]["labels"]
+        .as_object_mut()
+        .unwrap()
+        .remove("projectcalico.org/affinity-type");
+    w.update::<BlockAffinity>(a);
+    let c2 = container_id();
+    w.ipam("ADD", &c2, &conf, &format!("IP={}", nth(&pool, 8)))
+        .assert_ok();
+    assert!(
+        labels(w).get("projectcalico.org/affinity-type").is_none(),
+        "relabelled: {}",
+        labels(w)
+    );
+
+    for c in [&c0, &c1, &c2] {
+        w.ipam("DEL", c, &conf, "").assert_ok();
+    }
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+on_both!(v48_affinity_upgrade);
+
+// ---------------------------------------------------------------------------
+// calico-ipam in process when CNI_PATH's calico-ipam is this binary.
+
+#[test]
+fn calico_ipam_runs_in_process_only_when_it_is_this_binary() {
+    let test = "calico_ipam_runs_in_process_only_when_it_is_this_binary";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(w) = World::new(test, Backend::Embedded) else {
+        return;
+    };
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let dir = w.dir.path();
+
+    // A wrapper that records each exec of calico-ipam.
+    let wrapped = dir.join("wrapped");
+    std::fs::create_dir(&wrapped).unwrap();
+    let marker = dir.join("execs");
+    let script = wrapped.join("calico-ipam");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\necho x >> {}\nexec -a calico-ipam {CALICO} \"$@\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // A hard link is this binary too.
+    let linked = dir.join("linked");
+    std::fs::create_dir(&linked).unwrap();
+    let hard_link = std::fs::hard_link(CALICO, linked.join("calico-ipam")).is_ok();
+
+    let run = |bin: &std::path::Path, log: &str| {
+        let mut conf = w.conf();
+        conf["log_file_path"] = json!(dir.join(log));
+        let path = format!("{}:{CNI_BIN}", bin.display());
+        let netns = Netns::new();
+        let cid = container_id();
+        w.plugin("ADD", &cid, &netns.path(), &conf, "", Some(&path))
+            .assert_ok();
+        let held = w.addresses_of(&format!("net1.{cid}"));
+        assert_eq!(held.len(), 1, "{log}: {held:?}");
+        w.plugin("DEL", &cid, &netns.path(), &conf, "", Some(&path))
+            .assert_ok();
+        assert!(w.handle(&format!("net1.{cid}")).is_none());
+        std::fs::read_to_string(dir.join(log)).unwrap_or_default()
+    };
+
+    let log = run(&wrapped, "wrapped.log");
+    let execs = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(
+        execs.lines().count(),
+        2,
+        "one exec per IPAM call (ADD, DEL)"
+    );
+    assert!(!log.contains("calico-ipam in process"), "{log}");
+
+    std::fs::remove_file(&marker).unwrap();
+    let log = run(&w.bin, "symlink.log");
+    assert!(log.contains("calico-ipam in process"), "{log}");
+    assert!(!marker.exists());
+
+    if hard_link {
+        let log = run(&linked, "hardlink.log");
+        assert!(log.contains("calico-ipam in process"), "{log}");
+    }
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}

@@ -1,0 +1,529 @@
+//! One test's Calico IPAM world, on the embedded store or on the test
+//! bed's real API server: a node, address ranges of its own, pools, the
+//! `calico-ipam` personality (this binary under that name), and the IPAM
+//! objects read back in the backend's own JSON (v3 objects from the
+//! embedded store, `crd.projectcalico.org/v1` objects from the API server;
+//! their `spec`s are the same).
+//!
+//! Isolation on the shared API server (IPAM objects are cluster-scoped):
+//! every world takes a /20 and a /48 that no pool or block of the cluster
+//! overlaps, its own Node (with a label only it carries, which every pool
+//! it makes selects), and on drop deletes what it made — its pools, the
+//! blocks inside its ranges, its node's affinities, the handles holding
+//! addresses in its ranges (and the ones it wrote itself).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use calico_cni::datastore::local::LocalStore;
+use calico_cni::datastore::{ListFilter, Resource, Store};
+use ipnet::IpNet;
+use serde_json::{Value, json};
+
+use super::testbed::{Namespace, Testbed, testbed};
+use super::{CALICO, CNI_BIN, Outcome, block_on, env_of, exec, unique};
+
+#[allow(unused_imports)]
+pub use calico_cni::datastore::ipam_model::{BlockAffinity, IpPool, IpamBlock, IpamHandle};
+#[allow(unused_imports)]
+pub use calico_cni::datastore::model::WorkloadEndpoint;
+
+/// The API group and version of Calico's CRDs on the test bed.
+pub const CRD_API: &str = "crd.projectcalico.org/v1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded store: a file of the test's own.
+    Embedded,
+    /// The test bed's kube-apiserver.
+    Kdd,
+}
+
+struct Kdd {
+    bed: &'static Testbed,
+    /// The label (`calico-test`) only this world's node carries.
+    label: String,
+    /// Pools and handles this world created.
+    pools: Mutex<Vec<String>>,
+    handles: Mutex<Vec<String>>,
+    /// Last, so that it is deleted after the IPAM objects.
+    node: super::testbed::Node,
+}
+
+/// One test's IPAM world.
+pub struct World {
+    pub backend: Backend,
+    pub dir: tempfile::TempDir,
+    /// The node name (`nodename` of the configs).
+    pub node: String,
+    /// A directory holding `calico-ipam`, a symlink to the built binary.
+    pub bin: PathBuf,
+    /// `ipam_lock_file`.
+    pub lock_file: PathBuf,
+    /// This world's address ranges: a /20 and a /48.
+    pub v4_base: IpNet,
+    pub v6_base: IpNet,
+    local: Option<LocalStore>,
+    kdd: Option<Kdd>,
+    pool_seq: AtomicU32,
+}
+
+static SLOT: AtomicU32 = AtomicU32::new(0);
+/// 40 second octets (10.200-239) of 16 /20s each: clear of the host-local
+/// subnets of `Setup` (10.100-199), the property tests (10.240.0.0/13) and
+/// the test bed (10.250.0.0/16, 10.251.0.0/24), whose host routes or
+/// blocks would collide with these.
+const SLOTS: u32 = 40 * 16;
+
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+fn slot_nets(slot: u32) -> (IpNet, IpNet) {
+    let (x, k) = (200 + slot / 16, slot % 16);
+    (
+        format!("10.{x}.{}.0/20", k * 16).parse().unwrap(),
+        format!("fd5c:{x:x}:{k:x}::/48").parse().unwrap(),
+    )
+}
+
+fn cidr_of(object: &Value) -> Option<IpNet> {
+    object["spec"]["cidr"]
+        .as_str()
+        .and_then(|c| c.parse::<IpNet>().ok())
+}
+
+impl World {
+    /// `None` when the test cannot run here (the test bed, for Kdd).
+    pub fn new(test: &str, backend: Backend) -> Option<World> {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::os::unix::fs::symlink(CALICO, bin.join("calico-ipam")).unwrap();
+        let start = std::process::id().wrapping_mul(7) % SLOTS;
+        let mut world = World {
+            backend,
+            node: "node-a".into(),
+            bin,
+            lock_file: dir.path().join("run/ipam.lock"),
+            v4_base: slot_nets(0).0,
+            v6_base: slot_nets(0).1,
+            local: None,
+            kdd: None,
+            pool_seq: AtomicU32::new(0),
+            dir,
+        };
+        match backend {
+            Backend::Embedded => {
+                let n = (start + SLOT.fetch_add(1, Ordering::Relaxed)) % SLOTS;
+                (world.v4_base, world.v6_base) = slot_nets(n);
+                world.local = Some(
+                    LocalStore::open(&world.dir.path().join("store.db"), Duration::from_secs(10))
+                        .unwrap(),
+                );
+            }
+            Backend::Kdd => {
+                let bed = testbed(test)?;
+                // Ranges no pool or block of the cluster overlaps.
+                let mut taken: Vec<IpNet> = Vec::new();
+                for plural in ["ippools", "ipamblocks"] {
+                    let list = bed.get(&format!("/apis/{CRD_API}/{plural}")).expect("list");
+                    taken.extend(list["items"].as_array().unwrap().iter().filter_map(cidr_of));
+                }
+                let slot = (0..SLOTS)
+                    .map(|_| (start + SLOT.fetch_add(1, Ordering::Relaxed)) % SLOTS)
+                    .find(|&s| {
+                        let (a, b) = slot_nets(s);
+                        !taken.iter().any(|t| overlaps(t, &a) || overlaps(t, &b))
+                    })
+                    .expect("a free address range on the test bed");
+                (world.v4_base, world.v6_base) = slot_nets(slot);
+                let label = unique();
+                let node = bed.node(&format!("node-{}", unique()));
+                bed.merge_patch(
+                    &format!("/api/v1/nodes/{}", node.name),
+                    &json!({"metadata": {"labels": {"calico-test": label}}}),
+                );
+                world.node = node.name.clone();
+                world.kdd = Some(Kdd {
+                    bed,
+                    label,
+                    pools: Mutex::new(Vec::new()),
+                    handles: Mutex::new(Vec::new()),
+                    node,
+                });
+            }
+        }
+        Some(world)
+    }
+
+    pub fn bed(&self) -> &'static Testbed {
+        self.kdd.as_ref().expect("a Kdd world").bed
+    }
+
+    /// The `i`-th /24 of this world's /20.
+    pub fn v4(&self, i: u8) -> IpNet {
+        assert!(i < 16);
+        let IpAddr::V4(base) = self.v4_base.network() else {
+            unreachable!()
+        };
+        let o = base.octets();
+        format!("{}.{}.{}.0/24", o[0], o[1], o[2] + i)
+            .parse()
+            .unwrap()
+    }
+
+    /// The `i`-th /64 of this world's /48.
+    pub fn v6(&self, i: u16) -> IpNet {
+        let IpAddr::V6(base) = self.v6_base.network() else {
+            unreachable!()
+        };
+        let mut s = base.segments();
+        s[3] = i;
+        IpNet::new(std::net::Ipv6Addr::from(s).into(), 64).unwrap()
+    }
+
+    /// Creates an IPPool for `cidr` (`extra`: more spec fields); on the API
+    /// server it selects only this world's node unless `extra` says
+    /// otherwise. Its name.
+    pub fn pool(&self, cidr: &str, extra: Value) -> String {
+        let name = format!(
+            "t-{}-{}",
+            self.node,
+            self.pool_seq.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut spec = json!({"cidr": cidr});
+        if let Some(kdd) = &self.kdd {
+            spec["nodeSelector"] = json!(format!("calico-test == '{}'", kdd.label));
+        }
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        if let Some(kdd) = &self.kdd {
+            kdd.pools.lock().unwrap().push(name.clone());
+        }
+        self.create::<IpPool>(json!({"metadata": {"name": name}, "spec": spec}));
+        name
+    }
+
+    /// Creates an object of kind `R` (kind and apiVersion filled in).
+    pub fn create<R: Resource>(&self, mut object: Value) -> Value {
+        object["kind"] = json!(R::KIND.name);
+        match (&self.local, &self.kdd) {
+            (Some(store), _) => {
+                object["apiVersion"] = json!("projectcalico.org/v3");
+                let s: &dyn Store = store;
+                block_on(s.create_object(R::KIND, object)).unwrap()
+            }
+            (None, Some(kdd)) => {
+                object["apiVersion"] = json!(CRD_API);
+                if R::KIND.name == IpamHandle::KIND.name {
+                    let name = object["metadata"]["name"].as_str().unwrap().to_string();
+                    kdd.handles.lock().unwrap().push(name);
+                }
+                kdd.bed
+                    .create(&format!("/apis/{CRD_API}/{}", R::KIND.plural), &object)
+            }
+            (None, None) => unreachable!(),
+        }
+    }
+
+    /// Replaces an object as read (its resourceVersion must still hold).
+    pub fn update<R: Resource>(&self, object: Value) -> Value {
+        match (&self.local, &self.kdd) {
+            (Some(store), _) => {
+                let s: &dyn Store = store;
+                block_on(s.update_object(R::KIND, object)).unwrap()
+            }
+            (None, Some(kdd)) => {
+                let name = object["metadata"]["name"].as_str().unwrap();
+                let path = format!("/apis/{CRD_API}/{}/{name}", R::KIND.plural);
+                let (code, v) = kdd.bed.admin("PUT", &path, Some(&object));
+                assert_eq!(code, 200, "PUT {path}: {v}");
+                v
+            }
+            (None, None) => unreachable!(),
+        }
+    }
+
+    /// The object `name` of kind `R`, as the backend stores it.
+    pub fn get<R: Resource>(&self, name: &str) -> Option<Value> {
+        match (&self.local, &self.kdd) {
+            (Some(store), _) => {
+                let s: &dyn Store = store;
+                block_on(s.get_object(R::KIND, "", name)).unwrap()
+            }
+            (None, Some(kdd)) => kdd
+                .bed
+                .get(&format!("/apis/{CRD_API}/{}/{name}", R::KIND.plural)),
+            (None, None) => unreachable!(),
+        }
+    }
+
+    /// Every object of kind `R` (on the API server: the whole cluster's).
+    pub fn list<R: Resource>(&self) -> Vec<Value> {
+        match (&self.local, &self.kdd) {
+            (Some(store), _) => {
+                let s: &dyn Store = store;
+                block_on(s.list_objects(R::KIND, "", &ListFilter::All)).unwrap()
+            }
+            (None, Some(kdd)) => kdd
+                .bed
+                .get(&format!("/apis/{CRD_API}/{}", R::KIND.plural))
+                .expect("list")["items"]
+                .as_array()
+                .unwrap()
+                .clone(),
+            (None, None) => unreachable!(),
+        }
+    }
+
+    /// The WorkloadEndpoints of `namespace` (embedded store only).
+    pub fn endpoints(&self, namespace: &str) -> Vec<Value> {
+        let store = self.local.as_ref().expect("the embedded store");
+        let s: &dyn Store = store;
+        block_on(s.list_objects(WorkloadEndpoint::KIND, namespace, &ListFilter::All)).unwrap()
+    }
+
+    /// The IPAM blocks inside this world's ranges.
+    pub fn blocks(&self) -> Vec<Value> {
+        self.list::<IpamBlock>()
+            .into_iter()
+            .filter(|b| cidr_of(b).is_some_and(|c| self.owns(&c)))
+            .collect()
+    }
+
+    /// This world's node's BlockAffinities.
+    pub fn affinities(&self) -> Vec<Value> {
+        self.list::<BlockAffinity>()
+            .into_iter()
+            .filter(|a| a["spec"]["node"] == json!(self.node))
+            .collect()
+    }
+
+    fn owns(&self, net: &IpNet) -> bool {
+        self.v4_base.contains(net) || self.v6_base.contains(net)
+    }
+
+    /// Every address allocated in this world's blocks, with its handle.
+    pub fn allocations(&self) -> Vec<(IpAddr, String)> {
+        self.blocks().iter().flat_map(block_allocations).collect()
+    }
+
+    /// The addresses the blocks record for `handle`.
+    pub fn addresses_of(&self, handle: &str) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = self
+            .allocations()
+            .into_iter()
+            .filter(|(_, h)| h == handle)
+            .map(|(ip, _)| ip)
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The IPAMHandle of `handle_id` (named by its lower-cased ID).
+    pub fn handle(&self, handle_id: &str) -> Option<Value> {
+        self.get::<IpamHandle>(&handle_id.to_lowercase())
+    }
+
+    /// The calico-ipam config of this world: network `net1`, this node,
+    /// the lock file in the test's directory, debug logging to `log/`.
+    pub fn conf(&self) -> Value {
+        let dir = self.dir.path();
+        let mut conf = json!({
+            "cniVersion": "1.0.0",
+            "name": "net1",
+            "type": "calico",
+            "nodename": self.node,
+            "ipam_lock_file": self.lock_file,
+            "log_level": "debug",
+            "log_file_path": dir.join("log/cni.log"),
+            "mtu_file": dir.join("mtu"),
+            "local_datastore_path": dir.join("store.db"),
+            "ipam": {"type": "calico-ipam"},
+        });
+        match self.backend {
+            Backend::Embedded => conf["datastore_type"] = json!("local"),
+            Backend::Kdd => {
+                conf["datastore_type"] = json!("kubernetes");
+                conf["kubernetes"] = json!({"kubeconfig": self.bed().cni_kubeconfig()});
+            }
+        }
+        conf
+    }
+
+    /// The conf with `ipam` fields set.
+    pub fn conf_with_ipam(&self, ipam: Value) -> Value {
+        let mut conf = self.conf();
+        for (k, v) in ipam.as_object().unwrap() {
+            conf["ipam"][k] = v.clone();
+        }
+        conf
+    }
+
+    /// The debug log written so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log/cni.log")).unwrap_or_default()
+    }
+
+    /// Runs `calico-ipam` (this binary under that name) with `conf`.
+    pub fn ipam(&self, command: &str, cid: &str, conf: &Value, cni_args: &str) -> Outcome {
+        let mut env = env_of(&[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", "/var/run/netns/not-needed"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", &self.bin.display().to_string()),
+        ]);
+        if !cni_args.is_empty() {
+            env.insert("CNI_ARGS".into(), cni_args.into());
+        }
+        exec(
+            &self.bin.join("calico-ipam").display().to_string(),
+            &env,
+            &conf.to_string(),
+        )
+    }
+
+    /// Runs the `calico` plugin; its calico-ipam is found in `cni_path`
+    /// (default: this world's `bin`, then the system's plugins).
+    pub fn plugin(
+        &self,
+        command: &str,
+        cid: &str,
+        netns: &str,
+        conf: &Value,
+        cni_args: &str,
+        cni_path: Option<&str>,
+    ) -> Outcome {
+        let default_path = format!("{}:{CNI_BIN}", self.bin.display());
+        let mut env: HashMap<String, String> = env_of(&[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", cni_path.unwrap_or(&default_path)),
+        ]);
+        if !cni_args.is_empty() {
+            env.insert("CNI_ARGS".into(), cni_args.into());
+        }
+        exec(CALICO, &env, &conf.to_string())
+    }
+
+    /// Creates pod `name` in `ns` (a namespace of the test bed), bound to
+    /// this world's node.
+    pub fn pod(&self, ns: &Namespace, name: &str, annotations: Value) {
+        ns.create_pod(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"nodeName": self.node, "containers": [{"name": "c", "image": "i"}]}
+        }));
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let Some(kdd) = &self.kdd else { return };
+        let bed = kdd.bed;
+        let mine = |object: &Value, plural: &str| -> bool {
+            match plural {
+                "ipamblocks" => cidr_of(object).is_some_and(|c| self.owns(&c)),
+                "blockaffinities" => object["spec"]["node"] == json!(self.node),
+                _ => {
+                    kdd.handles
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .any(|h| object["metadata"]["name"] == json!(h))
+                        || object["spec"]["block"].as_object().is_some_and(|b| {
+                            b.keys()
+                                .filter_map(|c| c.parse::<IpNet>().ok())
+                                .any(|c| self.owns(&c))
+                        })
+                }
+            }
+        };
+        for plural in ["ipamhandles", "ipamblocks", "blockaffinities"] {
+            let path = format!("/apis/{CRD_API}/{plural}");
+            let (code, list) = bed.admin("GET", &path, None);
+            if code != 200 {
+                continue;
+            }
+            for item in list["items"].as_array().into_iter().flatten() {
+                if mine(item, plural) {
+                    let name = item["metadata"]["name"].as_str().unwrap_or_default();
+                    let _ = bed.admin("DELETE", &format!("{path}/{name}"), None);
+                }
+            }
+        }
+        for pool in kdd.pools.lock().unwrap().iter() {
+            let _ = bed.admin("DELETE", &format!("/apis/{CRD_API}/ippools/{pool}"), None);
+        }
+    }
+}
+
+/// The allocated addresses of a block (JSON), with their handle IDs.
+pub fn block_allocations(block: &Value) -> Vec<(IpAddr, String)> {
+    let cidr = cidr_of(block).expect("block cidr");
+    let attrs = block["spec"]["attributes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    block["spec"]["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter_map(|(ordinal, a)| a.as_u64().map(|i| (ordinal, i as usize)))
+        .map(|(ordinal, i)| {
+            let handle = attrs[i]["handle_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            (address_at(&cidr, ordinal), handle)
+        })
+        .collect()
+}
+
+/// The address at `ordinal` of a block.
+pub fn address_at(cidr: &IpNet, ordinal: usize) -> IpAddr {
+    match cidr.network() {
+        IpAddr::V4(a) => IpAddr::V4((u32::from(a) + ordinal as u32).into()),
+        IpAddr::V6(a) => IpAddr::V6((u128::from(a) + ordinal as u128).into()),
+    }
+}
+
+/// Calico's hostname-hash label computed here, independently of the
+/// plugin: standard base32, no padding, of SHA3-256 of the node name.
+pub fn hostname_hash(node: &str) -> String {
+    use sha3::Digest;
+    let digest = sha3::Sha3_256::digest(node.as_bytes());
+    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let bits: Vec<bool> = digest
+        .iter()
+        .flat_map(|b| (0..8).rev().map(move |i| b >> i & 1 == 1))
+        .collect();
+    bits.chunks(5)
+        .map(|c| {
+            let v = c
+                .iter()
+                .chain(std::iter::repeat(&false))
+                .take(5)
+                .fold(0usize, |acc, &b| acc << 1 | usize::from(b));
+            alphabet[v] as char
+        })
+        .collect()
+}
+
+/// The address of a result entry (`ips[i].address`).
+pub fn address(result: &Value, i: usize) -> IpNet {
+    result["ips"][i]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no ips[{i}] in {result}"))
+        .parse()
+        .unwrap()
+}
