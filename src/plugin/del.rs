@@ -10,10 +10,9 @@ use crate::datastore::model::WorkloadEndpoint;
 use crate::datastore::{DatastoreError, Precondition};
 use crate::plugin::context::{Context, datastore_err};
 
-/// The local part of a DEL: the interface in the sandbox's netns, and the
-/// IPAM release of `release` (keyed by the container ID), at once (the
-/// kernel's veth teardown on its own thread, the IPAM plugin in its own
-/// process), bounded by the cleanup budget rather than the call's deadline.
+/// The local part of a DEL: the interface in the sandbox's netns, then the
+/// IPAM release of `release` (keyed by the container ID), bounded by the
+/// cleanup budget rather than the call's deadline.
 pub async fn local_teardown(
     ctx: &Context,
     release: &serde_json::Value,
@@ -21,24 +20,18 @@ pub async fn local_teardown(
     let started = tokio::time::Instant::now();
     let req = &ctx.req;
     let deadline = req.deadline + crate::plugin::context::CLEANUP_GRACE;
-    // The kernel's veth teardown (tens of milliseconds of RCU waits) is the
-    // longest part: its thread starts first, before the IPAM plugin's exec.
     let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, deadline);
-    tokio::join!(
-        async {
-            let r = match ctx.ipam_until(deadline).await {
-                Ok(ipam) => ipam.run(Command::Del, release).await,
-                Err(e) => Err(e),
-            };
-            tracing::debug!("IPAM DEL done after {:?}", started.elapsed());
-            r
-        },
-        async {
-            let r = cleanup.await.map_err(Error::from);
-            tracing::debug!("netns cleanup done after {:?}", started.elapsed());
-            r
-        }
-    )
+    // The address is released only once the interface that held it (and
+    // its host route) is gone: released earlier, a new pod on this node
+    // could be given it while the old route still points at the old veth.
+    let r = cleanup.await.map_err(Error::from);
+    tracing::debug!("netns cleanup done after {:?}", started.elapsed());
+    let ipam = match ctx.ipam_until(deadline).await {
+        Ok(ipam) => ipam.run(Command::Del, release).await,
+        Err(e) => Err(e),
+    };
+    tracing::debug!("IPAM DEL done after {:?}", started.elapsed());
+    (ipam, r)
 }
 
 /// Deletes the host veth of a sandbox whose netns is gone, within the
