@@ -111,6 +111,12 @@ fn pool_prefix() -> u8 {
     prefix
 }
 
+/// A plugin's stdout on one line (its JSON compacted).
+fn compact(stdout: &str) -> String {
+    serde_json::from_str::<Value>(stdout)
+        .map_or_else(|_| stdout.trim().to_string(), |v| v.to_string())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -704,7 +710,7 @@ impl Run {
                 self.failure(format!(
                     "worker {w} ({node}) cycle {c}: ADD {cid} failed ({}): {} / {}",
                     out.code,
-                    out.stdout.trim(),
+                    compact(&out.stdout),
                     out.stderr.trim()
                 ));
                 None
@@ -751,7 +757,7 @@ impl Run {
                 self.failure(format!(
                     "worker {w} ({node}) cycle {c}: DEL {cid} failed ({}): {} / {}",
                     out.code,
-                    out.stdout.trim(),
+                    compact(&out.stdout),
                     out.stderr.trim()
                 ));
                 // Clean up for the end checks' sake; they report what stays.
@@ -1021,6 +1027,20 @@ impl Run {
             violations.len(),
             failures.len(),
         );
+        if !(failures.is_empty() && violations.is_empty()) {
+            // The plugins' log outlives the run's directory.
+            let kept =
+                std::env::temp_dir().join(format!("ipam_property-{}-{}.log", self.name, unique()));
+            let log = self.exec_log.with_file_name("log").join("cni.log");
+            match std::fs::copy(&log, &kept) {
+                Ok(_) => eprintln!(
+                    "{}: the plugins' log is kept in {}",
+                    self.name,
+                    kept.display()
+                ),
+                Err(e) => eprintln!("{}: cannot keep {}: {e}", self.name, log.display()),
+            }
+        }
         assert!(
             failures.is_empty(),
             "{} failure(s), first: {:#?}",
@@ -1500,4 +1520,155 @@ fn the_checker_reports_each_broken_invariant() {
             .any(|m| m.contains("host route to 10.240.0.9 is on None")),
         "{v:?}"
     );
+}
+
+/// A store that, right after the allocator's `nth` list of IPAM blocks,
+/// plays two other plugins' writes: A's last free address taken, one of
+/// full block B's released. The list the allocator got is then stale.
+struct RacingStore {
+    inner: LocalStore,
+    block_lists: AtomicUsize,
+    nth: usize,
+}
+
+#[async_trait::async_trait]
+impl Store for RacingStore {
+    async fn get_object(
+        &self,
+        kind: &'static calico_cni::datastore::Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, calico_cni::datastore::DatastoreError> {
+        self.inner.get_object(kind, namespace, name).await
+    }
+    async fn list_objects(
+        &self,
+        kind: &'static calico_cni::datastore::Kind,
+        namespace: &str,
+        filter: &calico_cni::datastore::ListFilter,
+    ) -> Result<Vec<Value>, calico_cni::datastore::DatastoreError> {
+        let list = self.inner.list_objects(kind, namespace, filter).await?;
+        if kind.name == "IPAMBlock" && self.block_lists.fetch_add(1, Ordering::SeqCst) == self.nth {
+            let s: &dyn Store = &self.inner;
+            let mut a = s.get::<IpamBlock>("", "10-240-0-0-29").await?.unwrap();
+            a.spec.unallocated.retain(|&o| o != 7);
+            a.spec.allocations[7] = Some(0);
+            s.update(&mut a).await?;
+            let mut b = s.get::<IpamBlock>("", "10-240-0-8-29").await?.unwrap();
+            b.spec.allocations[0] = None;
+            b.spec.unallocated.push(0);
+            s.update(&mut b).await?;
+        }
+        Ok(list)
+    }
+    async fn create_object(
+        &self,
+        kind: &'static calico_cni::datastore::Kind,
+        object: Value,
+    ) -> Result<Value, calico_cni::datastore::DatastoreError> {
+        self.inner.create_object(kind, object).await
+    }
+    async fn update_object(
+        &self,
+        kind: &'static calico_cni::datastore::Kind,
+        object: Value,
+    ) -> Result<Value, calico_cni::datastore::DatastoreError> {
+        self.inner.update_object(kind, object).await
+    }
+    async fn delete_object(
+        &self,
+        kind: &'static calico_cni::datastore::Kind,
+        namespace: &str,
+        name: &str,
+        precondition: &calico_cni::datastore::Precondition,
+    ) -> Result<(), calico_cni::datastore::DatastoreError> {
+        self.inner
+            .delete_object(kind, namespace, name, precondition)
+            .await
+    }
+}
+
+struct NoLabels;
+
+#[async_trait::async_trait]
+impl calico_cni::ipam::calico::pools::SelectorLabels for NoLabels {
+    async fn node_labels(
+        &self,
+    ) -> Result<BTreeMap<String, String>, calico_cni::ipam::calico::IpamError> {
+        Ok(BTreeMap::new())
+    }
+    async fn namespace_labels(
+        &self,
+    ) -> Result<BTreeMap<String, String>, calico_cni::ipam::calico::IpamError> {
+        Ok(BTreeMap::new())
+    }
+}
+
+/// A host without a block borrows; while it does, the block it meant to
+/// borrow from fills and another frees an address. Calico's borrowing
+/// walks the pool's blocks reading each afresh, so it finds the freed
+/// address; an allocator that only tries the blocks its earlier list showed
+/// with free space fails with "Assigned 0 out of 1" though the pool has a
+/// free address. What the property test's exactly-full pool can meet (16
+/// addresses, 16 pods: a pod's DEL and the next ADD elsewhere land in the
+/// borrower's window).
+#[test]
+
+fn borrowing_finds_an_address_freed_in_a_block_that_was_full() {
+    use calico_cni::datastore::ipam_model::AllocationAttribute;
+    use calico_cni::ipam::calico::allocator::{Allocator, AutoAssign};
+    use calico_cni::ipam::calico::block::new_block;
+    let dir = tempfile::tempdir().unwrap();
+    let inner = LocalStore::open(&dir.path().join("store.db"), Duration::from_secs(10)).unwrap();
+    let store = RacingStore {
+        inner,
+        block_lists: AtomicUsize::new(0),
+        // The first list is the new-block search, the second the borrowing.
+        nth: 1,
+    };
+    let s: &dyn Store = &store;
+    block_on(async {
+        s.create(&mut IpPool::new(
+            "p",
+            IpPoolSpec {
+                cidr: "10.240.0.0/28".into(),
+                block_size: 29,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap();
+        // A: 7 of 8 held (ordinal 7 free); B: all 8 held.
+        for (cidr, owner, free) in [
+            ("10.240.0.0/29", "a", vec![7]),
+            ("10.240.0.8/29", "b", vec![]),
+        ] {
+            let net: IpNet = cidr.parse().unwrap();
+            let mut spec = new_block(&net, Some(format!("host:{owner}")), None);
+            spec.attributes = vec![AllocationAttribute {
+                handle_id: Some("net1.others".into()),
+                ..Default::default()
+            }];
+            spec.allocations = (0..8).map(|o| (!free.contains(&o)).then_some(0)).collect();
+            spec.unallocated = free;
+            s.create(&mut IpamBlock::new(&cidr.replace(['.', '/'], "-"), spec))
+                .await
+                .unwrap();
+        }
+        let attrs = BTreeMap::new();
+        let got = Allocator::new(s, "borrower")
+            .auto_assign(&AutoAssign {
+                num4: 1,
+                num6: 0,
+                handle: "net1.borrower",
+                attrs: &attrs,
+                pools4: &[],
+                pools6: &[],
+                max_blocks: 0,
+                labels: &NoLabels,
+            })
+            .await;
+        let got = got.unwrap_or_else(|e| panic!("the pool has a free address (10.240.0.8): {e}"));
+        assert_eq!(got.v4, ["10.240.0.8/29".parse::<IpNet>().unwrap()]);
+    });
 }

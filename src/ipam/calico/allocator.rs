@@ -438,11 +438,9 @@ impl<'a> Allocator<'a> {
                     .iter()
                     .filter(|b| !b.spec.deleted)
                     .filter_map(|b| block::cidr_of(&b.spec).map(|c| (c, b)))
-                    .filter(|(c, b)| {
-                        in_pools(c)
-                            && c.addr().is_ipv6() == v6
-                            && block::free_count(&b.spec, c, &reserved) > 0
-                    })
+                    // Every block of the pools, each read fresh below: one
+                    // listed full may have freed an address since.
+                    .filter(|(c, _)| in_pools(c) && c.addr().is_ipv6() == v6)
                     .map(|(c, _)| c)
                     .collect();
                 // Hosts start at different places (as new blocks do).
