@@ -175,6 +175,16 @@ impl<'a> Allocator<'a> {
         }
     }
 
+    /// The handle named `name`, unless absent or soft-deleted.
+    async fn live_handle(&self, name: &str, what: &str) -> Result<Option<IpamHandle>, IpamError> {
+        Ok(self
+            .store
+            .get::<IpamHandle>("", name)
+            .await
+            .map_err(ds(what))?
+            .filter(|h| !h.spec.deleted))
+    }
+
     /// Adds `n` addresses in `cidr` to the handle, creating it if absent.
     async fn increment_handle(
         &self,
@@ -231,13 +241,7 @@ impl<'a> Allocator<'a> {
         let name = handle_name(handle);
         let what = format!("error updating IPAMHandle({name})");
         for _ in 0..CAS_ATTEMPTS {
-            let Some(mut h) = self
-                .store
-                .get::<IpamHandle>("", &name)
-                .await
-                .map_err(ds(what.clone()))?
-                .filter(|h| !h.spec.deleted)
-            else {
+            let Some(mut h) = self.live_handle(&name, &what).await? else {
                 return Ok(());
             };
             let key = cidr.to_string();
@@ -713,13 +717,7 @@ impl<'a> Allocator<'a> {
         let what = format!("error releasing IPAMHandle({name})");
         let mut freed = 0;
         for _ in 0..CAS_ATTEMPTS {
-            let Some(mut h) = self
-                .store
-                .get::<IpamHandle>("", &name)
-                .await
-                .map_err(ds(what.clone()))?
-                .filter(|h| !h.spec.deleted)
-            else {
+            let Some(mut h) = self.live_handle(&name, &what).await? else {
                 return Ok((freed > 0).then_some(freed));
             };
             for cidr in h.spec.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {
@@ -805,11 +803,8 @@ impl<'a> Allocator<'a> {
     pub async fn addresses_of(&self, handle: &str) -> Result<Vec<IpAddr>, IpamError> {
         let name = handle_name(handle);
         let Some(h) = self
-            .store
-            .get::<IpamHandle>("", &name)
-            .await
-            .map_err(ds(format!("error getting IPAMHandle({name})")))?
-            .filter(|h| !h.spec.deleted)
+            .live_handle(&name, &format!("error getting IPAMHandle({name})"))
+            .await?
         else {
             return Ok(Vec::new());
         };
