@@ -10,35 +10,59 @@ use crate::datastore::model::WorkloadEndpoint;
 use crate::datastore::{DatastoreError, Precondition};
 use crate::plugin::context::{Context, datastore_err};
 
-/// The local part of a DEL: the interface in the sandbox's netns, then the
-/// IPAM release of `release` (keyed by the container ID), bounded by the
-/// cleanup budget rather than the call's deadline.
+/// What the record part learns for the local part: the endpoint found
+/// for this sandbox (if any), sent as soon as it has been read.
+pub type RecordFound = tokio::sync::oneshot::Sender<Option<WorkloadEndpoint>>;
+
+/// The local part of a DEL: the interface in the sandbox's netns (or, when
+/// the netns is gone, the host veth when `owns_veth` says the record makes
+/// it this container's), then the IPAM release of `release` (keyed by the
+/// container ID), bounded by the cleanup budget rather than the call's
+/// deadline. The address is released only once the interface that held it
+/// (and its host route) is gone: released earlier, a new pod on this node
+/// could be given it while the old route still points at the old veth.
 pub async fn local_teardown(
     ctx: &Context,
     release: &serde_json::Value,
-) -> (Result<()>, Result<CleanupOutcome>) {
+    record: tokio::sync::oneshot::Receiver<Option<WorkloadEndpoint>>,
+    owns_veth: impl FnOnce(Option<&WorkloadEndpoint>) -> bool,
+) -> (Result<()>, Result<()>) {
     let started = tokio::time::Instant::now();
     let req = &ctx.req;
     let deadline = req.deadline + crate::plugin::context::CLEANUP_GRACE;
-    let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, deadline);
-    // The address is released only once the interface that held it (and
-    // its host route) is gone: released earlier, a new pod on this node
-    // could be given it while the old route still points at the old veth.
-    let r = cleanup.await.map_err(Error::from);
+    let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, deadline)
+        .await
+        .map_err(Error::from);
     tracing::debug!("netns cleanup done after {:?}", started.elapsed());
+    let cleanup = match cleanup {
+        Ok(CleanupOutcome::NetnsGone) => {
+            // The sandbox is gone but its host veth may not be: it is
+            // removed only when it is certainly this container's.
+            let found = tokio::time::timeout_at(req.deadline, record)
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .flatten();
+            if owns_veth(found.as_ref()) {
+                remove_orphan_veth(ctx, deadline).await
+            } else {
+                Ok(())
+            }
+        }
+        Ok(CleanupOutcome::LinkGone | CleanupOutcome::Deleted) => Ok(()),
+        Err(e) => Err(e),
+    };
     let ipam = match ctx.ipam_until(deadline).await {
         Ok(ipam) => ipam.run(Command::Del, release).await,
         Err(e) => Err(e),
     };
     tracing::debug!("IPAM DEL done after {:?}", started.elapsed());
-    (ipam, r)
+    (ipam, cleanup)
 }
 
-/// Deletes the host veth of a sandbox whose netns is gone, within the
-/// cleanup budget.
-pub async fn remove_orphan_veth(ctx: &Context) -> Result<()> {
+/// Deletes the host veth of a sandbox whose netns is gone, by `deadline`.
+async fn remove_orphan_veth(ctx: &Context, deadline: tokio::time::Instant) -> Result<()> {
     let veth = &ctx.host_veth;
-    let deadline = ctx.req.deadline + crate::plugin::context::CLEANUP_GRACE;
     match tokio::time::timeout_at(deadline, delete_host_veth(veth)).await {
         Ok(Ok(true)) => {
             tracing::info!(%veth, "removed the host veth of a sandbox whose netns is gone");
@@ -59,20 +83,18 @@ pub async fn cmd_del(ctx: &Context) -> Result<()> {
     if req.env.args.k8s_pod().is_some() {
         return crate::plugin::cmd_del_k8s(ctx).await;
     }
-    let ((ipam_result, cleanup), (wep, record_result)) =
-        tokio::join!(local_teardown(ctx, &req.raw), remove_record(ctx));
-
-    if let Ok(CleanupOutcome::NetnsGone) = cleanup {
-        // The sandbox is gone but its host veth may not be. It is removed
-        // only when it is certainly this container's: recorded as this
-        // container's, or (plain CNI) named after this container ID.
-        let recorded = wep
-            .as_ref()
-            .is_some_and(|w| w.spec.interface_name == ctx.host_veth);
-        if recorded || ctx.ids.orchestrator == "cni" {
-            remove_orphan_veth(ctx).await?;
-        }
-    }
+    // The host veth of a sandbox whose netns is gone is removed when it is
+    // recorded as this container's, or (plain CNI) named after this
+    // container ID.
+    let plain = ctx.ids.orchestrator == "cni";
+    let owns_veth = |w: Option<&WorkloadEndpoint>| {
+        plain || w.is_some_and(|w| w.spec.interface_name == ctx.host_veth)
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let ((ipam_result, cleanup), record_result) = tokio::join!(
+        local_teardown(ctx, &req.raw, rx, owns_veth),
+        remove_record(ctx, tx)
+    );
     cleanup?;
     ipam_result?;
     record_result
@@ -80,8 +102,8 @@ pub async fn cmd_del(ctx: &Context) -> Result<()> {
 
 /// Looks the endpoint record up and deletes it when it is this container's,
 /// guarded by its uid so that a newer sandbox's record is never removed.
-/// Returns the record it removed, if any.
-async fn remove_record(ctx: &Context) -> (Option<WorkloadEndpoint>, Result<()>) {
+/// The record read is handed to the local part through `found`.
+async fn remove_record(ctx: &Context, found_tx: RecordFound) -> Result<()> {
     let found = async {
         let name = ctx.endpoint_name()?;
         let store = ctx.store().await?;
@@ -93,27 +115,27 @@ async fn remove_record(ctx: &Context) -> (Option<WorkloadEndpoint>, Result<()>) 
     };
     let w = match found.await {
         Ok(Some(w)) => w,
-        Ok(None) => return (None, Ok(())),
-        Err(e) => return (None, Err(e)),
+        Ok(None) => {
+            let _ = found_tx.send(None);
+            return Ok(());
+        }
+        Err(e) => return Err(e),
     };
+    let _ = found_tx.send(Some(w.clone()));
     if !(w.spec.container_id.is_empty() || w.spec.container_id == ctx.req.env.container_id) {
         tracing::info!(owner = %w.spec.container_id, "endpoint belongs to another container; left alone");
-        return (None, Ok(()));
+        return Ok(());
     }
     let pre = Precondition {
         resource_version: None,
         uid: Some(w.metadata.uid.clone()).filter(|u| !u.is_empty()),
     };
-    let store = match ctx.store().await {
-        Ok(s) => s,
-        Err(e) => return (Some(w), Err(e)),
-    };
-    let result = match store
+    let store = ctx.store().await?;
+    match store
         .delete::<WorkloadEndpoint>(&w.metadata.namespace, &w.metadata.name, &pre)
         .await
     {
         Ok(()) | Err(DatastoreError::NotFound(_)) => Ok(()),
         Err(e) => Err(e.context("error deleting WorkloadEndpoint")),
-    };
-    (Some(w), result)
+    }
 }

@@ -4,49 +4,44 @@
 //! alone when it cannot be read, or belongs to a newer sandbox.
 
 use crate::cni::{Error, Result};
-use crate::dataplane::linux::CleanupOutcome;
 use crate::datastore::model::WorkloadEndpoint;
 use crate::datastore::{DatastoreError, Precondition};
 use crate::ipam::release_config;
 use crate::plugin::context::{Context, datastore_err};
-use crate::plugin::del::{local_teardown, remove_orphan_veth};
+use crate::plugin::del::{RecordFound, local_teardown};
 
 /// Attempts at deleting the record when it keeps changing underneath.
 const DELETE_ATTEMPTS: usize = 6;
 
 /// The record part: look the endpoint up and, unless it belongs to another
 /// container, clear it under resourceVersion and uid preconditions,
-/// retrying on conflict. Returns the endpoint found (if it was this
-/// container's).
-async fn remove_record(ctx: &Context) -> (Option<WorkloadEndpoint>, Result<()>) {
+/// retrying on conflict. The first read is handed to the local part
+/// through `found_tx`.
+async fn remove_record(ctx: &Context, found_tx: RecordFound) -> Result<()> {
+    let mut found_tx = Some(found_tx);
     let opened = async {
         let name = ctx.endpoint_name()?;
         let store = ctx.store().await?;
         ctx.ensure_ready().await?;
         Ok::<_, Error>((name, store))
     };
-    let (name, store) = match opened.await {
-        Ok(v) => v,
-        Err(e) => return (None, Err(e)),
-    };
+    let (name, store) = opened.await?;
     let namespace = &ctx.namespace;
     for attempt in 1..=DELETE_ATTEMPTS {
         let wep = match store.get::<WorkloadEndpoint>(namespace, &name).await {
             Ok(Some(w)) => w,
             Ok(None) => {
                 tracing::info!(endpoint = %name, "endpoint does not exist; nothing to remove");
-                return (None, Ok(()));
+                return Ok(());
             }
-            Err(e) => {
-                return (
-                    None,
-                    Err(e.context(&format!("error getting WorkloadEndpoint {name}"))),
-                );
-            }
+            Err(e) => return Err(e.context(&format!("error getting WorkloadEndpoint {name}"))),
         };
+        if let Some(tx) = found_tx.take() {
+            let _ = tx.send(Some(wep.clone()));
+        }
         if !wep.spec.container_id.is_empty() && wep.spec.container_id != ctx.req.env.container_id {
             tracing::info!(owner = %wep.spec.container_id, "endpoint belongs to a newer sandbox; left alone");
-            return (None, Ok(()));
+            return Ok(());
         }
         let pre = Precondition {
             resource_version: Some(wep.metadata.resource_version.clone()).filter(|v| !v.is_empty()),
@@ -56,7 +51,7 @@ async fn remove_record(ctx: &Context) -> (Option<WorkloadEndpoint>, Result<()>) 
             .delete::<WorkloadEndpoint>(namespace, &name, &pre)
             .await
         {
-            Ok(()) | Err(DatastoreError::NotFound(_)) => return (Some(wep), Ok(())),
+            Ok(()) | Err(DatastoreError::NotFound(_)) => return Ok(()),
             Err(DatastoreError::Conflict(e)) if attempt < DELETE_ATTEMPTS => {
                 tracing::info!(
                     attempt,
@@ -64,14 +59,11 @@ async fn remove_record(ctx: &Context) -> (Option<WorkloadEndpoint>, Result<()>) 
                 );
             }
             Err(DatastoreError::Conflict(e)) => {
-                return (
-                    Some(wep),
-                    Err(Error::Datastore(format!(
-                        "error deleting endpoint: endpoint was modified before it could be deleted: {e}"
-                    ))),
-                );
+                return Err(Error::Datastore(format!(
+                    "error deleting endpoint: endpoint was modified before it could be deleted: {e}"
+                )));
             }
-            Err(e) => return (Some(wep), Err(datastore_err("error deleting endpoint")(e))),
+            Err(e) => return Err(datastore_err("error deleting endpoint")(e)),
         }
     }
     unreachable!("the last attempt returns")
@@ -80,18 +72,20 @@ async fn remove_record(ctx: &Context) -> (Option<WorkloadEndpoint>, Result<()>) 
 /// CmdDelK8s.
 pub async fn cmd_del_k8s(ctx: &Context) -> Result<()> {
     let release = release_config(&ctx.req);
-    let ((ipam_result, cleanup), (wep, record_result)) =
-        tokio::join!(local_teardown(ctx, &release), remove_record(ctx));
-    if let Ok(CleanupOutcome::NetnsGone) = cleanup {
-        // The host veth of a pod is named after the pod, not the sandbox:
-        // it is removed only when the record says it is this container's.
-        if wep.as_ref().is_some_and(|w| {
+    // The host veth of a pod is named after the pod, not the sandbox: when
+    // the netns is gone it is removed only when the record says it is this
+    // container's.
+    let owns_veth = |w: Option<&WorkloadEndpoint>| {
+        w.is_some_and(|w| {
             w.spec.container_id == ctx.req.env.container_id
                 && w.spec.interface_name == ctx.host_veth
-        }) {
-            remove_orphan_veth(ctx).await?;
-        }
-    }
+        })
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let ((ipam_result, cleanup), record_result) = tokio::join!(
+        local_teardown(ctx, &release, rx, owns_veth),
+        remove_record(ctx, tx)
+    );
     cleanup?;
     ipam_result?;
     record_result
