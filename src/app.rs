@@ -120,6 +120,7 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
                 code: outcome.code,
             };
         }
+        Some("-t") if personality == Personality::Calico => return test_connection(stdin),
         Some(flag) => {
             let e = Error::Invocation(format!("failed to parse CLI flags: unknown flag {flag:?}"));
             return Exit::error(&e, version::CURRENT);
@@ -199,6 +200,58 @@ fn print_result(result: Option<crate::cni::CniResult>, version: Version) -> Resu
         }
         None => String::new(),
     })
+}
+
+/// `calico -t`: the network config on stdin (a conflist: its calico
+/// plugin), its datastore probed; exit 0 and no output when it answers,
+/// else Calico's "data store connection failed" error (code 100).
+fn test_connection(stdin: &mut dyn Read) -> Exit {
+    let failed = |e: &Error| {
+        let reply = crate::cni::error::PluginError {
+            cni_version: Some(version::CURRENT.to_string()),
+            code: crate::cni::error::code::DATASTORE,
+            msg: "data store connection failed".into(),
+            details: e.to_string(),
+        };
+        Exit::error(&Error::Delegated(reply), version::CURRENT)
+    };
+    let mut input = Vec::new();
+    if let Err(e) = stdin.read_to_end(&mut input) {
+        return failed(&Error::Io(format!("error reading from stdin: {e}")));
+    }
+    let conf = crate::cni::request::decode_config(&input).and_then(|raw| {
+        let plugin = match raw.get("plugins").and_then(Value::as_array) {
+            Some(plugins) => plugins
+                .iter()
+                .find(|p| p.get("type").and_then(Value::as_str) == Some("calico"))
+                .cloned()
+                .ok_or_else(|| Error::InvalidConfig("the conflist has no calico plugin".into()))?,
+            None => raw,
+        };
+        crate::cni::NetConf::from_value(&plugin)
+    });
+    let conf = match conf {
+        Ok(c) => c,
+        Err(e) => return failed(&e),
+    };
+    logging::init(&LogSettings {
+        level: conf.log_level.clone(),
+        file: conf.log_file_path.clone(),
+        max_size_mb: conf.log_file_max_size,
+        max_age_days: conf.log_file_max_age,
+        max_count: conf.log_file_max_count,
+    });
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return failed(&Error::Internal(format!("cannot start runtime: {e}"))),
+    };
+    match runtime.block_on(crate::plugin::connection::test_connection(&conf)) {
+        Ok(()) => Exit::default(),
+        Err(e) => failed(&e),
+    }
 }
 
 async fn dispatch(personality: Personality, req: Request) -> Result<Option<crate::cni::CniResult>> {

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod cni;
 pub mod dataplane;
 pub mod datastore;
+pub mod etcd;
 pub mod ipam;
 pub mod k8s;
 pub mod logging;

@@ -47,6 +47,39 @@ macro_rules! on_both {
     };
 }
 
+/// As `on_both!`, and on the test bed's etcd cluster (`etcd`).
+macro_rules! on_all {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn embedded() {
+                let test = concat!(stringify!($name), "::embedded");
+                if let Some(w) = World::new(test, Backend::Embedded) {
+                    super::$name(test, &w);
+                }
+            }
+
+            #[test]
+            fn kdd() {
+                let test = concat!(stringify!($name), "::kdd");
+                if let Some(w) = World::new(test, Backend::Kdd) {
+                    super::$name(test, &w);
+                }
+            }
+
+            #[test]
+            fn etcd() {
+                let test = concat!(stringify!($name), "::etcd");
+                if let Some(w) = World::new(test, Backend::Etcd) {
+                    super::$name(test, &w);
+                }
+            }
+        }
+    };
+}
+
 /// The `n`-th address of a network.
 fn nth(net: &IpNet, n: u32) -> IpAddr {
     address_at(&net.trunc(), n as usize)
@@ -167,9 +200,9 @@ fn v12_objects_written_by_an_add(_test: &str, w: &World) {
         "a fresh block hands out its base"
     );
 
-    // BlockAffinity `<node>-<cidr name>`, labelled for host lookups.
-    let name = format!("{}-{}", w.node, block_name(&block));
-    let affinity = w.get::<BlockAffinity>(&name).expect("BlockAffinity");
+    // BlockAffinity `<node>-<cidr name>` (on etcd: keyed by node and
+    // CIDR), labelled for host lookups.
+    let affinity = w.affinity(&block).expect("BlockAffinity");
     let labels = &affinity["metadata"]["labels"];
     let hash = if w.backend == Backend::Embedded {
         assert_eq!(w.node, "node-a");
@@ -209,11 +242,9 @@ fn v12_objects_written_by_an_add(_test: &str, w: &World) {
     assert!(is_go_utc_time(ts), "timestamp {ts:?}");
     assert_eq!(spec["deleted"], json!(false));
 
-    // The IPAMHandle: named by the lower-cased ID.
-    let h = w
-        .get::<IpamHandle>(&handle_id.to_lowercase())
-        .expect("IPAMHandle");
-    assert_eq!(h["metadata"]["name"], json!(handle_id.to_lowercase()));
+    // The IPAMHandle: named by the lower-cased ID (on etcd, keyed by the ID).
+    let h = w.handle(&handle_id).expect("IPAMHandle");
+    assert_eq!(h["metadata"]["name"], json!(w.handle_name(&handle_id)));
     assert_eq!(h["spec"]["handleID"], json!(handle_id));
     assert_eq!(h["spec"]["block"], json!({ block.to_string(): 1 }));
 
@@ -239,7 +270,7 @@ fn v12_objects_written_by_an_add(_test: &str, w: &World) {
     assert_eq!(b["spec"]["affinity"], json!(format!("host:{}", w.node)));
     assert_eq!(b["spec"]["unallocated"].as_array().unwrap().len(), 64);
 }
-on_both!(v12_objects_written_by_an_add);
+on_all!(v12_objects_written_by_an_add);
 
 // ---------------------------------------------------------------------------
 // 29: calico-ipam's result and handle; the calico plugin with calico-ipam.
@@ -281,7 +312,7 @@ fn v29_calico_ipam_result_and_handle(_test: &str, w: &World) {
     assert!(w.handle(&handle_id).is_none());
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
 }
-on_both!(v29_calico_ipam_result_and_handle);
+on_all!(v29_calico_ipam_result_and_handle);
 
 fn v29_calico_plugin_with_calico_ipam(test: &str, w: &World) {
     if !root_or_skip(test) {
@@ -294,7 +325,7 @@ fn v29_calico_plugin_with_calico_ipam(test: &str, w: &World) {
     let handle_id = format!("net1.{cid}");
     // Embedded: the plain CNI path; Kubernetes: a pod of the API server.
     let bed_ns = match w.backend {
-        Backend::Embedded => None,
+        Backend::Embedded | Backend::Etcd => None,
         Backend::Kdd => {
             let ns = w.bed().namespace(json!({}), json!({}));
             w.pod(&ns, "pod1", json!({}));
@@ -346,7 +377,7 @@ fn v29_calico_plugin_with_calico_ipam(test: &str, w: &World) {
         );
     }
 }
-on_both!(v29_calico_plugin_with_calico_ipam);
+on_all!(v29_calico_plugin_with_calico_ipam);
 
 // ---------------------------------------------------------------------------
 // 36 (Kubernetes): pools from namespace and pod annotations.
@@ -499,11 +530,13 @@ fn v39_ip_addrs_annotations(test: &str, w: &World) {
                 .iter()
                 .map(|e| e["spec"]["ipNetworks"].clone())
                 .collect(),
+            Backend::Etcd => unreachable!("a Kubernetes vector"),
         }
     };
     let expected = || match w.backend {
         Backend::Kdd => vec![json!(want), json!(want)],
         Backend::Embedded => vec![json!([want])],
+        Backend::Etcd => unreachable!("a Kubernetes vector"),
     };
 
     let (n1, c1) = (Netns::new(), container_id());
@@ -621,7 +654,7 @@ fn v43_families(_test: &str, w: &World) {
     }
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
 }
-on_both!(v43_families);
+on_all!(v43_families);
 
 // ---------------------------------------------------------------------------
 // 44: an explicit address (IP= in CNI_ARGS).
@@ -671,7 +704,7 @@ fn v44_explicit_ip(_test: &str, w: &World) {
     w.ipam("DEL", &c1, &conf, "").assert_ok();
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
 }
-on_both!(v44_explicit_ip);
+on_all!(v44_explicit_ip);
 
 // ---------------------------------------------------------------------------
 // 45: requested pools must exist and be enabled.
@@ -714,7 +747,7 @@ fn v45_requested_and_disabled_pools(_test: &str, w: &World) {
     }
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
 }
-on_both!(v45_requested_and_disabled_pools);
+on_all!(v45_requested_and_disabled_pools);
 
 // ---------------------------------------------------------------------------
 // 46: dual stack with one family short fails and keeps nothing.
@@ -774,7 +807,7 @@ fn v46_dual_stack_half_failure(_test: &str, w: &World) {
     }
     assert_nothing_kept(&cid);
 }
-on_both!(v46_dual_stack_half_failure);
+on_all!(v46_dual_stack_half_failure);
 
 // ---------------------------------------------------------------------------
 // 47: DEL releases both the handle and the pre-v3 handle.
@@ -821,7 +854,7 @@ fn v47_del(_test: &str, w: &World) {
     // And again: nothing left, still success.
     w.ipam("DEL", &cid, &conf, "").assert_ok();
 }
-on_both!(v47_del);
+on_all!(v47_del);
 
 // ---------------------------------------------------------------------------
 // 48: the one-time labelling of a host's old BlockAffinities.

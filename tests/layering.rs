@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 /// orchestration of the verbs, the operator's subcommands, and the process
 /// edge.
 const RANKS: &[(&str, u32)] = &[
+    ("etcd", 0),
     ("k8s", 0),
     ("logging", 0),
     ("cni", 1),

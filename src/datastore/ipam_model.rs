@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::model::{API_VERSION, ObjectMeta};
-use super::{Kind, Resource, v3_key};
+use super::{EtcdLayout, Kind, Resource};
 
 /// Label: base32 of SHA3-256 of the node name (KDD host lookups use it).
 pub const LABEL_HOSTNAME_HASH: &str = "projectcalico.org/hostname-hash";
@@ -44,7 +44,7 @@ fn is_false(b: &bool) -> bool {
 }
 
 macro_rules! resource {
-    ($ty:ident, $spec:ident, $kind:literal, $plural:literal) => {
+    ($ty:ident, $spec:ident, $kind:literal, $plural:literal, $etcd:ident) => {
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
         #[serde(default, rename_all = "camelCase")]
         pub struct $ty {
@@ -81,7 +81,7 @@ macro_rules! resource {
                 name: $kind,
                 plural: $plural,
                 namespaced: false,
-                etcd_key: v3_key,
+                etcd: EtcdLayout::$etcd,
             };
             fn metadata(&self) -> &ObjectMeta {
                 &self.metadata
@@ -93,23 +93,43 @@ macro_rules! resource {
     };
 }
 
-resource!(IpPool, IpPoolSpec, "IPPool", "ippools");
-resource!(IpamBlock, IpamBlockSpec, "IPAMBlock", "ipamblocks");
+resource!(IpPool, IpPoolSpec, "IPPool", "ippools", V3);
+resource!(
+    IpamBlock,
+    IpamBlockSpec,
+    "IPAMBlock",
+    "ipamblocks",
+    IpamBlock
+);
 resource!(
     BlockAffinity,
     BlockAffinitySpec,
     "BlockAffinity",
-    "blockaffinities"
+    "blockaffinities",
+    BlockAffinity
 );
-resource!(IpamHandle, IpamHandleSpec, "IPAMHandle", "ipamhandles");
-resource!(IpamConfig, IpamConfigSpec, "IPAMConfig", "ipamconfigs");
+resource!(
+    IpamHandle,
+    IpamHandleSpec,
+    "IPAMHandle",
+    "ipamhandles",
+    IpamHandle
+);
+resource!(
+    IpamConfig,
+    IpamConfigSpec,
+    "IPAMConfig",
+    "ipamconfigs",
+    IpamConfig
+);
 resource!(
     IpReservation,
     IpReservationSpec,
     "IPReservation",
-    "ipreservations"
+    "ipreservations",
+    V3
 );
-resource!(Node, NodeSpec, "Node", "nodes");
+resource!(Node, NodeSpec, "Node", "nodes", V3);
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]

@@ -494,7 +494,7 @@ fn list(
     for row in rows {
         let (name, revision, value) = row?;
         let object = decode(kind, namespace, &name, revision, &value)?;
-        if let ListFilter::Labels(_) = filter {
+        if filter.labels().is_some() {
             let meta: ObjectMeta = serde_json::from_value(object["metadata"].clone())
                 .map_err(|e| DatastoreError::Other(format!("stored metadata is malformed: {e}")))?;
             if !filter.admits(&meta) {

@@ -1,6 +1,7 @@
 //! Calico's datastore as the plugin sees it: one generic, revision-checked
 //! resource API ([`Store`]) that every backend implements — the embedded
-//! SQLite store ([`local`]), the Kubernetes datastore ([`kubernetes`]) —
+//! SQLite store ([`local`]), the Kubernetes datastore ([`kubernetes`]),
+//! etcd v3 ([`etcd`]) —
 //! over typed resources ([`model`]) that know where they live on each
 //! backend ([`Kind`]), and the names derived from workload identity
 //! ([`names`]).
@@ -11,6 +12,7 @@
 //! preconditions. Errors keep their kind up to the CNI edge (a timeout is
 //! code 11, rejected credentials code 103, the rest code 100).
 
+pub mod etcd;
 pub mod ipam_model;
 pub mod kubernetes;
 pub mod local;
@@ -35,10 +37,21 @@ pub struct Kind {
     /// segment of its etcd keys.
     pub plural: &'static str,
     pub namespaced: bool,
-    /// The etcd key of an object (Calico's layout: v3 resources under
-    /// `/calico/resources/v3/projectcalico.org/`, IPAM under
-    /// `/calico/ipam/v2/`).
-    pub etcd_key: fn(&Kind, &str, &str) -> String,
+    /// How the objects are laid out on etcd.
+    pub etcd: EtcdLayout,
+}
+
+/// Calico's etcd layout of a kind: v3 resources as their JSON under
+/// `/calico/resources/v3/projectcalico.org/`, the IPAM objects in
+/// libcalico-go's model format under `/calico/ipam/v2/` (keyed by what
+/// they are about: a block by its CIDR, an affinity by node and CIDR).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtcdLayout {
+    V3,
+    IpamBlock,
+    BlockAffinity,
+    IpamHandle,
+    IpamConfig,
 }
 
 impl Kind {
@@ -90,11 +103,6 @@ impl Kind {
             format!("{}({namespace}/{name})", self.name)
         }
     }
-}
-
-/// A v3 key: `Kind::v3_etcd_key` as a plain function for `Kind::etcd_key`.
-pub fn v3_key(kind: &Kind, namespace: &str, name: &str) -> String {
-    kind.v3_etcd_key(namespace, name)
 }
 
 /// A stored resource of one kind, with its metadata.
@@ -166,6 +174,12 @@ pub enum ListFilter {
     NamePrefix(String),
     /// Objects carrying every one of these labels with these values.
     Labels(BTreeMap<String, String>),
+    /// A node's BlockAffinities carrying these labels (on etcd, the keys
+    /// under the node; elsewhere, the labels alone).
+    Node {
+        node: String,
+        labels: BTreeMap<String, String>,
+    },
 }
 
 impl ListFilter {
@@ -174,9 +188,17 @@ impl ListFilter {
         match self {
             ListFilter::All => true,
             ListFilter::NamePrefix(prefix) => meta.name.starts_with(prefix.as_str()),
-            ListFilter::Labels(wanted) => wanted
+            ListFilter::Labels(wanted) | ListFilter::Node { labels: wanted, .. } => wanted
                 .iter()
                 .all(|(k, v)| meta.labels.get(k).is_some_and(|have| have == v)),
+        }
+    }
+
+    /// The labels the filter asks for, if any.
+    pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
+        match self {
+            ListFilter::Labels(l) | ListFilter::Node { labels: l, .. } => Some(l),
+            _ => None,
         }
     }
 }
@@ -229,6 +251,18 @@ pub trait Store: Send + Sync {
         name: &str,
         precondition: &Precondition,
     ) -> Result<(), DatastoreError>;
+
+    /// The name this backend gives the IPAMHandle of `handle_id`: Calico's
+    /// Kubernetes datastore lower-cases it (and the embedded store does the
+    /// same); etcd keys keep it as it is.
+    fn handle_name(&self, handle_id: &str) -> String {
+        ipam_model::handle_name(handle_id)
+    }
+
+    /// The name this backend gives `node`'s BlockAffinity for `cidr`.
+    fn affinity_name(&self, node: &str, cidr: &ipnet::IpNet) -> String {
+        ipam_model::affinity_name(node, cidr)
+    }
 }
 
 /// A metadata field of a resource in its JSON form (`""` when absent).

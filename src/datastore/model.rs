@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Kind, Resource, v3_key};
+use super::{EtcdLayout, Kind, Resource};
 
 pub const API_VERSION: &str = "projectcalico.org/v3";
 
@@ -86,7 +86,7 @@ impl Resource for WorkloadEndpoint {
         name: "WorkloadEndpoint",
         plural: "workloadendpoints",
         namespaced: true,
-        etcd_key: v3_key,
+        etcd: EtcdLayout::V3,
     };
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
@@ -223,7 +223,7 @@ impl Resource for Profile {
         name: "Profile",
         plural: "profiles",
         namespaced: false,
-        etcd_key: v3_key,
+        etcd: EtcdLayout::V3,
     };
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
@@ -302,7 +302,7 @@ impl Resource for ClusterInformation {
         name: "ClusterInformation",
         plural: "clusterinformations",
         namespaced: false,
-        etcd_key: v3_key,
+        etcd: EtcdLayout::V3,
     };
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata

@@ -8,9 +8,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Store;
+use super::etcd::EtcdStore;
 use super::kubernetes::KubernetesStore;
 use super::local::LocalStore;
 use crate::cni::{Error, NetConf, Result};
+use crate::etcd::{EtcdClient, EtcdConfig};
 use crate::k8s::K8sClient;
 
 /// Which datastore the config selects.
@@ -82,8 +84,67 @@ where
                 kdd: Some(kdd),
             })
         }
-        DatastoreKind::Etcd => Err(Error::UnsupportedField(
-            "datastore_type \"etcdv3\" is not supported by this build yet; use \"local\" or \"kubernetes\"".into(),
-        )),
+        DatastoreKind::Etcd => {
+            let client = EtcdClient::new(&etcd_config(conf)?, deadline)
+                .map_err(|e| Error::Datastore(format!("error creating calico client: {e}")))?;
+            Ok(Opened {
+                store: Arc::new(EtcdStore::new(client)),
+                kdd: None,
+            })
+        }
     }
+}
+
+/// A setting from the config, else from the environment as Calico's
+/// client reads it (`CALICO_<NAME>` or `<NAME>`).
+fn setting(from_conf: &str, name: &str) -> String {
+    if !from_conf.is_empty() {
+        return from_conf.to_string();
+    }
+    [format!("CALICO_{name}"), name.to_string()]
+        .iter()
+        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_default()
+}
+
+/// The etcd cluster the config names: `etcd_endpoints` (comma-separated;
+/// else the deprecated `etcd_scheme`://`etcd_authority`), the TLS files;
+/// each falls back to the environment (`ETCD_ENDPOINTS`, ...) as in
+/// Calico.
+pub fn etcd_config(conf: &NetConf) -> Result<EtcdConfig> {
+    if !setting(&conf.etcd_discovery_srv, "ETCD_DISCOVERY_SRV").is_empty() {
+        return Err(Error::UnsupportedField(
+            "etcd_discovery_srv (DNS SRV discovery) is not supported; list the members in etcd_endpoints".into(),
+        ));
+    }
+    let mut endpoints: Vec<String> = setting(&conf.etcd_endpoints, "ETCD_ENDPOINTS")
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
+        .collect();
+    if endpoints.is_empty() {
+        let authority = setting(&conf.etcd_authority, "ETCD_AUTHORITY");
+        if !authority.is_empty() {
+            let scheme = setting(&conf.etcd_scheme, "ETCD_SCHEME");
+            let scheme = if scheme.is_empty() {
+                "http"
+            } else {
+                scheme.as_str()
+            };
+            endpoints.push(format!("{scheme}://{authority}"));
+        }
+    }
+    if endpoints.is_empty() {
+        return Err(Error::InvalidConfig(
+            "datastore_type is etcdv3 but no etcd_endpoints are configured".into(),
+        ));
+    }
+    let file = |v: String| (!v.is_empty()).then(|| std::path::PathBuf::from(v));
+    Ok(EtcdConfig {
+        endpoints,
+        ca_cert_file: file(setting(&conf.etcd_ca_cert_file, "ETCD_CA_CERT_FILE")),
+        cert_file: file(setting(&conf.etcd_cert_file, "ETCD_CERT_FILE")),
+        key_file: file(setting(&conf.etcd_key_file, "ETCD_KEY_FILE")),
+    })
 }

@@ -8,6 +8,7 @@ pub mod add;
 pub mod add_k8s;
 pub mod annotations;
 mod check;
+pub mod connection;
 pub mod context;
 mod del;
 mod del_k8s;

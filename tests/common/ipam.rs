@@ -28,7 +28,7 @@ use super::testbed::{Namespace, Testbed, testbed};
 use super::{CALICO, CNI_BIN, Outcome, block_on, env_of, exec, unique};
 
 #[allow(unused_imports)]
-pub use calico_cni::datastore::ipam_model::{BlockAffinity, IpPool, IpamBlock, IpamHandle};
+pub use calico_cni::datastore::ipam_model::{BlockAffinity, IpPool, IpamBlock, IpamHandle, Node};
 #[allow(unused_imports)]
 pub use calico_cni::datastore::model::WorkloadEndpoint;
 
@@ -41,6 +41,51 @@ pub enum Backend {
     Embedded,
     /// The test bed's kube-apiserver.
     Kdd,
+    /// The test bed's etcd cluster for Calico (three members, TLS).
+    Etcd,
+}
+
+/// The shared etcd cluster: objects read and written through the plugin's
+/// own etcd backend (Calico's key layout is checked against the raw keys
+/// in tests/etcd_datastore.rs).
+struct Etcd {
+    access: super::etcd::EtcdAccess,
+    label: String,
+    pools: Mutex<Vec<String>>,
+    handles: Mutex<Vec<String>>,
+}
+
+impl Etcd {
+    /// A store of the cluster. Made afresh per use: its connections belong
+    /// to the runtime of the call.
+    fn store(&self) -> calico_cni::datastore::etcd::EtcdStore {
+        use calico_cni::etcd::{EtcdClient, EtcdConfig};
+        let conf = EtcdConfig {
+            endpoints: self.access.endpoints.clone(),
+            ca_cert_file: Some(self.access.ca.clone()),
+            cert_file: Some(self.access.cert.clone()),
+            key_file: Some(self.access.key.clone()),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        calico_cni::datastore::etcd::EtcdStore::new(EtcdClient::new(&conf, deadline).unwrap())
+    }
+}
+
+/// ClusterInformation `default`, ready, on the shared etcd cluster (as
+/// calico-node would have written it).
+pub fn ensure_etcd_cluster_information(access: &super::etcd::EtcdAccess) {
+    let key = "/calico/resources/v3/projectcalico.org/clusterinformations/default";
+    if access.get(key).is_none() {
+        access.put(
+            key,
+            &json!({"kind": "ClusterInformation", "apiVersion": "projectcalico.org/v3",
+                    "metadata": {"name": "default", "uid": "6e1e1a3c-0000-4000-8000-000000000001",
+                                 "creationTimestamp": "2026-12-01T00:00:00Z"},
+                    "spec": {"clusterGUID": "0123456789abcdef0123456789abcdef",
+                             "clusterType": "k8s,bgp", "datastoreReady": true}})
+            .to_string(),
+        );
+    }
 }
 
 struct Kdd {
@@ -69,6 +114,7 @@ pub struct World {
     pub v6_base: IpNet,
     local: Option<LocalStore>,
     kdd: Option<Kdd>,
+    etcd: Option<Etcd>,
     pool_seq: AtomicU32,
 }
 
@@ -114,6 +160,7 @@ impl World {
             v6_base: slot_nets(0).1,
             local: None,
             kdd: None,
+            etcd: None,
             pool_seq: AtomicU32::new(0),
             dir,
         };
@@ -157,8 +204,71 @@ impl World {
                     node,
                 });
             }
+            Backend::Etcd => {
+                let access = super::etcd::calico_etcd(test)?;
+                ensure_etcd_cluster_information(&access);
+                let etcd = Etcd {
+                    access,
+                    label: unique(),
+                    pools: Mutex::new(Vec::new()),
+                    handles: Mutex::new(Vec::new()),
+                };
+                let store = etcd.store();
+                let s: &dyn Store = &store;
+                let mut taken: Vec<IpNet> = Vec::new();
+                for kind in [IpPool::KIND, IpamBlock::KIND] {
+                    let list = block_on(s.list_objects(kind, "", &ListFilter::All)).unwrap();
+                    taken.extend(list.iter().filter_map(cidr_of));
+                }
+                let slot = (0..SLOTS)
+                    .map(|_| (start + SLOT.fetch_add(1, Ordering::Relaxed)) % SLOTS)
+                    .find(|&s| {
+                        let (a, b) = slot_nets(s);
+                        !taken.iter().any(|t| overlaps(t, &a) || overlaps(t, &b))
+                    })
+                    .expect("a free address range on the etcd cluster");
+                (world.v4_base, world.v6_base) = slot_nets(slot);
+                world.node = format!("node-{}", unique());
+                let node = json!({"kind": "Node", "apiVersion": "projectcalico.org/v3",
+                    "metadata": {"name": world.node, "labels": {"calico-test": etcd.label}},
+                    "spec": {}});
+                block_on(s.create_object(Node::KIND, node)).unwrap();
+                world.etcd = Some(etcd);
+            }
         }
         Some(world)
+    }
+
+    /// The shared etcd cluster's access (an Etcd world).
+    pub fn etcd_access(&self) -> &super::etcd::EtcdAccess {
+        &self.etcd.as_ref().expect("an Etcd world").access
+    }
+
+    /// The BlockAffinity of this world's node for `block`, as the backend
+    /// names it.
+    pub fn affinity(&self, block: &IpNet) -> Option<Value> {
+        let name = match self.backend {
+            Backend::Etcd => {
+                let v = if block.addr().is_ipv4() { 4 } else { 6 };
+                let segment = block.to_string().replacen('/', "-", 1);
+                format!("host/{}/ipv{v}/block/{segment}", self.node)
+            }
+            _ => format!(
+                "{}-{}",
+                self.node,
+                block.to_string().replace(['.', ':', '/'], "-")
+            ),
+        };
+        self.get::<BlockAffinity>(&name)
+    }
+
+    /// The name of the IPAMHandle of `handle_id` on this backend: its ID
+    /// lower-cased (Kubernetes, embedded), as it is (etcd).
+    pub fn handle_name(&self, handle_id: &str) -> String {
+        match self.backend {
+            Backend::Etcd => handle_id.to_string(),
+            _ => handle_id.to_lowercase(),
+        }
     }
 
     pub fn bed(&self) -> &'static Testbed {
@@ -197,14 +307,17 @@ impl World {
             self.pool_seq.fetch_add(1, Ordering::Relaxed)
         );
         let mut spec = json!({"cidr": cidr});
-        if let Some(kdd) = &self.kdd {
-            spec["nodeSelector"] = json!(format!("calico-test == '{}'", kdd.label));
+        if let Some(label) = self.label() {
+            spec["nodeSelector"] = json!(format!("calico-test == '{label}'"));
         }
         for (k, v) in extra.as_object().unwrap() {
             spec[k] = v.clone();
         }
         if let Some(kdd) = &self.kdd {
             kdd.pools.lock().unwrap().push(name.clone());
+        }
+        if let Some(etcd) = &self.etcd {
+            etcd.pools.lock().unwrap().push(name.clone());
         }
         self.create::<IpPool>(json!({"metadata": {"name": name}, "spec": spec}));
         name
@@ -213,6 +326,16 @@ impl World {
     /// Creates an object of kind `R` (kind and apiVersion filled in).
     pub fn create<R: Resource>(&self, mut object: Value) -> Value {
         object["kind"] = json!(R::KIND.name);
+        if let Some(etcd) = &self.etcd {
+            object["apiVersion"] = json!("projectcalico.org/v3");
+            if R::KIND.name == IpamHandle::KIND.name {
+                let name = object["metadata"]["name"].as_str().unwrap().to_string();
+                etcd.handles.lock().unwrap().push(name);
+            }
+            let store = etcd.store();
+            let s: &dyn Store = &store;
+            return block_on(s.create_object(R::KIND, object)).unwrap();
+        }
         match (&self.local, &self.kdd) {
             (Some(store), _) => {
                 object["apiVersion"] = json!("projectcalico.org/v3");
@@ -234,6 +357,11 @@ impl World {
 
     /// Replaces an object as read (its resourceVersion must still hold).
     pub fn update<R: Resource>(&self, object: Value) -> Value {
+        if let Some(etcd) = &self.etcd {
+            let store = etcd.store();
+            let s: &dyn Store = &store;
+            return block_on(s.update_object(R::KIND, object)).unwrap();
+        }
         match (&self.local, &self.kdd) {
             (Some(store), _) => {
                 let s: &dyn Store = store;
@@ -252,6 +380,11 @@ impl World {
 
     /// The object `name` of kind `R`, as the backend stores it.
     pub fn get<R: Resource>(&self, name: &str) -> Option<Value> {
+        if let Some(etcd) = &self.etcd {
+            let store = etcd.store();
+            let s: &dyn Store = &store;
+            return block_on(s.get_object(R::KIND, "", name)).unwrap();
+        }
         match (&self.local, &self.kdd) {
             (Some(store), _) => {
                 let s: &dyn Store = store;
@@ -266,6 +399,11 @@ impl World {
 
     /// Every object of kind `R` (on the API server: the whole cluster's).
     pub fn list<R: Resource>(&self) -> Vec<Value> {
+        if let Some(etcd) = &self.etcd {
+            let store = etcd.store();
+            let s: &dyn Store = &store;
+            return block_on(s.list_objects(R::KIND, "", &ListFilter::All)).unwrap();
+        }
         match (&self.local, &self.kdd) {
             (Some(store), _) => {
                 let s: &dyn Store = store;
@@ -326,9 +464,17 @@ impl World {
         out
     }
 
-    /// The IPAMHandle of `handle_id` (named by its lower-cased ID).
+    /// The IPAMHandle of `handle_id`.
     pub fn handle(&self, handle_id: &str) -> Option<Value> {
-        self.get::<IpamHandle>(&handle_id.to_lowercase())
+        self.get::<IpamHandle>(&self.handle_name(handle_id))
+    }
+
+    /// The label only this world's node carries (shared backends).
+    fn label(&self) -> Option<&str> {
+        self.kdd
+            .as_ref()
+            .map(|k| k.label.as_str())
+            .or(self.etcd.as_ref().map(|e| e.label.as_str()))
     }
 
     /// The calico-ipam config of this world: network `net1`, this node,
@@ -352,6 +498,14 @@ impl World {
             Backend::Kdd => {
                 conf["datastore_type"] = json!("kubernetes");
                 conf["kubernetes"] = json!({"kubeconfig": self.bed().cni_kubeconfig()});
+            }
+            Backend::Etcd => {
+                let a = self.etcd_access();
+                conf["datastore_type"] = json!("etcdv3");
+                conf["etcd_endpoints"] = json!(a.endpoints_csv());
+                conf["etcd_ca_cert_file"] = json!(a.ca);
+                conf["etcd_cert_file"] = json!(a.cert);
+                conf["etcd_key_file"] = json!(a.key);
             }
         }
         conf
@@ -425,8 +579,50 @@ impl World {
     }
 }
 
+impl World {
+    /// Removes what an Etcd world made: its pools, the blocks in its
+    /// ranges, its node's affinities, the handles in its ranges or of its
+    /// own, its Node.
+    fn drop_etcd(&self, etcd: &Etcd) {
+        let store = etcd.store();
+        let s: &dyn Store = &store;
+        let handles = etcd.handles.lock().unwrap().clone();
+        for kind in [IpamHandle::KIND, IpamBlock::KIND, BlockAffinity::KIND] {
+            let Ok(list) = block_on(s.list_objects(kind, "", &ListFilter::All)) else {
+                continue;
+            };
+            for item in list {
+                let name = item["metadata"]["name"].as_str().unwrap_or_default();
+                let mine = if kind.name == IpamBlock::KIND.name {
+                    cidr_of(&item).is_some_and(|c| self.owns(&c))
+                } else if kind.name == BlockAffinity::KIND.name {
+                    item["spec"]["node"] == json!(self.node)
+                } else {
+                    handles.iter().any(|h| h == name)
+                        || item["spec"]["block"].as_object().is_some_and(|b| {
+                            b.keys()
+                                .filter_map(|c| c.parse::<IpNet>().ok())
+                                .any(|c| self.owns(&c))
+                        })
+                };
+                if mine {
+                    let _ = block_on(s.delete_object(kind, "", name, &Default::default()));
+                }
+            }
+        }
+        for pool in etcd.pools.lock().unwrap().iter() {
+            let _ = block_on(s.delete_object(IpPool::KIND, "", pool, &Default::default()));
+        }
+        let _ = block_on(s.delete_object(Node::KIND, "", &self.node, &Default::default()));
+    }
+}
+
 impl Drop for World {
     fn drop(&mut self) {
+        if let Some(etcd) = &self.etcd {
+            self.drop_etcd(etcd);
+            return;
+        }
         let Some(kdd) = &self.kdd else { return };
         let bed = kdd.bed;
         let mine = |object: &Value, plural: &str| -> bool {

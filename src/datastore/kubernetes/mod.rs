@@ -344,8 +344,8 @@ impl Store for KubernetesStore {
         if kind.name == Profile::KIND.name {
             return Ok(Vec::new());
         }
-        let selector = match filter {
-            ListFilter::Labels(labels) => Some(
+        let selector = match filter.labels() {
+            Some(labels) => Some(
                 labels
                     .iter()
                     .map(|(k, v)| format!("{k}={v}"))

@@ -29,8 +29,7 @@ use super::pools::{
 use crate::datastore::ipam_model::{
     AFFINITY_CONFIRMED, AFFINITY_PENDING, BlockAffinity, BlockAffinitySpec, IpPool, IpReservation,
     IpamBlock, IpamConfig, IpamConfigSpec, IpamHandle, IpamHandleSpec, LABEL_AFFINITY_TYPE,
-    LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels, affinity_name, cidr_name, handle_name,
-    hostname_hash,
+    LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels, cidr_name, hostname_hash,
 };
 use crate::datastore::{DatastoreError, ListFilter, Precondition, Resource, Store};
 
@@ -192,7 +191,7 @@ impl<'a> Allocator<'a> {
         cidr: &IpNet,
         n: usize,
     ) -> Result<(), IpamError> {
-        let name = handle_name(handle);
+        let name = self.store.handle_name(handle);
         let what = format!("error updating IPAMHandle({name})");
         for attempt in 0..CAS_ATTEMPTS {
             let current = self
@@ -238,7 +237,7 @@ impl<'a> Allocator<'a> {
         cidr: &IpNet,
         n: Option<usize>,
     ) -> Result<(), IpamError> {
-        let name = handle_name(handle);
+        let name = self.store.handle_name(handle);
         let what = format!("error updating IPAMHandle({name})");
         for _ in 0..CAS_ATTEMPTS {
             let Some(mut h) = self.live_handle(&name, &what).await? else {
@@ -281,7 +280,13 @@ impl<'a> Allocator<'a> {
         ]);
         let mut list = self
             .store
-            .list::<BlockAffinity>("", &ListFilter::Labels(labels))
+            .list::<BlockAffinity>(
+                "",
+                &ListFilter::Node {
+                    node: self.host.to_string(),
+                    labels,
+                },
+            )
             .await
             .map_err(ds("error listing BlockAffinities"))?;
         list.retain(|a| a.spec.node == self.host && a.spec.deleted != "true");
@@ -574,7 +579,7 @@ impl<'a> Allocator<'a> {
     /// Claims `cidr` for this host in two phases; false when another host
     /// got the block first.
     async fn claim(&self, cidr: &IpNet) -> Result<bool, IpamError> {
-        let name = affinity_name(self.host, cidr);
+        let name = self.store.affinity_name(self.host, cidr);
         let mut affinity = BlockAffinity::new(
             &name,
             BlockAffinitySpec {
@@ -713,7 +718,7 @@ impl<'a> Allocator<'a> {
     /// Frees every address of `handle` and deletes it; the number freed,
     /// `None` when the handle does not exist.
     pub async fn release_by_handle(&self, handle: &str) -> Result<Option<usize>, IpamError> {
-        let name = handle_name(handle);
+        let name = self.store.handle_name(handle);
         let what = format!("error releasing IPAMHandle({name})");
         let mut freed = 0;
         for _ in 0..CAS_ATTEMPTS {
@@ -801,7 +806,7 @@ impl<'a> Allocator<'a> {
 
     /// The addresses `handle` holds.
     pub async fn addresses_of(&self, handle: &str) -> Result<Vec<IpAddr>, IpamError> {
-        let name = handle_name(handle);
+        let name = self.store.handle_name(handle);
         let Some(h) = self
             .live_handle(&name, &format!("error getting IPAMHandle({name})"))
             .await?

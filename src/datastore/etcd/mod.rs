@@ -1,0 +1,262 @@
+//! The etcd v3 datastore: Calico's keys and values ([`codec`]) on an etcd
+//! cluster, every write a transaction compared on the key's mod_revision
+//! (or, for a create, on its version being 0). resourceVersion is the
+//! key's mod_revision, as in Calico.
+
+pub mod codec;
+
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::{
+    DatastoreError, Kind, ListFilter, Precondition, Store, meta_field, random_uuid, rfc3339_utc,
+};
+use crate::etcd::{Compare, EtcdClient, EtcdError, Op, OpResponse, Txn};
+
+impl From<EtcdError> for DatastoreError {
+    fn from(e: EtcdError) -> Self {
+        match e {
+            EtcdError::Unavailable(m) => DatastoreError::Unavailable(m),
+            EtcdError::Timeout(m) => DatastoreError::Timeout(m),
+            EtcdError::Unauthorized(m) => DatastoreError::Unauthorized(m),
+            EtcdError::Config(m) | EtcdError::Server(m) => DatastoreError::Other(m),
+        }
+    }
+}
+
+/// Calico's objects on an etcd v3 cluster.
+pub struct EtcdStore {
+    client: EtcdClient,
+}
+
+impl EtcdStore {
+    pub fn new(client: EtcdClient) -> EtcdStore {
+        EtcdStore { client }
+    }
+
+    /// The same store bound to another deadline.
+    pub fn until(&self, deadline: Instant) -> EtcdStore {
+        EtcdStore {
+            client: self.client.until(deadline),
+        }
+    }
+
+    /// The cluster's status (for `calico -t`).
+    pub async fn status(&self) -> Result<String, DatastoreError> {
+        Ok(self.client.status().await?)
+    }
+
+    fn decode_one(
+        kind: &Kind,
+        kv: &crate::etcd::KeyValue,
+    ) -> Result<Option<Value>, DatastoreError> {
+        codec::decode(kind, kv)
+    }
+}
+
+fn set_meta(object: &mut Value, field: &str, value: Value) -> Result<(), DatastoreError> {
+    let meta = object
+        .get_mut("metadata")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| DatastoreError::Other("object without metadata".into()))?;
+    meta.insert(field.to_string(), value);
+    Ok(())
+}
+
+fn revision_of(object: &Value, kind: &Kind) -> Result<i64, DatastoreError> {
+    let rv = meta_field(object, "resourceVersion");
+    rv.parse().map_err(|_| {
+        DatastoreError::Other(format!(
+            "{} update without a valid resourceVersion ({rv:?})",
+            kind.name
+        ))
+    })
+}
+
+#[async_trait::async_trait]
+impl Store for EtcdStore {
+    async fn get_object(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, DatastoreError> {
+        let key = codec::key_of(kind, namespace, name)?;
+        match self.client.get(&key).await? {
+            Some(kv) => Self::decode_one(kind, &kv),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_objects(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        filter: &ListFilter,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        let prefix = codec::list_prefix(kind, namespace, filter);
+        let kvs = if prefix.ends_with('/') || matches!(filter, ListFilter::NamePrefix(_)) {
+            self.client.list(&prefix, false).await?
+        } else {
+            self.client.get(&prefix).await?.into_iter().collect()
+        };
+        let mut objects = Vec::with_capacity(kvs.len());
+        for kv in &kvs {
+            let Some(object) = Self::decode_one(kind, kv)? else {
+                continue;
+            };
+            let meta: super::model::ObjectMeta = serde_json::from_value(object["metadata"].clone())
+                .map_err(|e| {
+                    DatastoreError::Other(format!("malformed metadata at {}: {e}", kv.key))
+                })?;
+            if filter.admits(&meta) {
+                objects.push(object);
+            }
+        }
+        objects.sort_by(|a, b| meta_field(a, "name").cmp(meta_field(b, "name")));
+        Ok(objects)
+    }
+
+    async fn create_object(
+        &self,
+        kind: &'static Kind,
+        mut object: Value,
+    ) -> Result<Value, DatastoreError> {
+        if kind.etcd == super::EtcdLayout::V3 {
+            set_meta(&mut object, "uid", json!(random_uuid()?))?;
+            set_meta(
+                &mut object,
+                "creationTimestamp",
+                json!(rfc3339_utc(SystemTime::now())),
+            )?;
+        }
+        let (key, value) = codec::encode(kind, &object)?;
+        let answer = self
+            .client
+            .txn(&Txn {
+                compare: vec![Compare::Version(key.clone(), 0)],
+                success: vec![Op::Put(key.clone(), value)],
+                failure: vec![],
+            })
+            .await?;
+        if !answer.succeeded {
+            return Err(DatastoreError::AlreadyExists(kind.describe(
+                meta_field(&object, "namespace"),
+                meta_field(&object, "name"),
+            )));
+        }
+        set_meta(
+            &mut object,
+            "resourceVersion",
+            json!(answer.revision.to_string()),
+        )?;
+        Ok(object)
+    }
+
+    async fn update_object(
+        &self,
+        kind: &'static Kind,
+        mut object: Value,
+    ) -> Result<Value, DatastoreError> {
+        let revision = revision_of(&object, kind)?;
+        let (key, value) = codec::encode(kind, &object)?;
+        let answer = self
+            .client
+            .txn(&Txn {
+                compare: vec![Compare::ModRevision(key.clone(), revision)],
+                success: vec![Op::Put(key.clone(), value)],
+                failure: vec![Op::Get(key.clone())],
+            })
+            .await?;
+        let what = kind.describe(
+            meta_field(&object, "namespace"),
+            meta_field(&object, "name"),
+        );
+        if !answer.succeeded {
+            return Err(match answer.responses.first() {
+                Some(OpResponse::Get(Some(kv))) => DatastoreError::Conflict(format!(
+                    "{what} is at revision {}, not {revision}",
+                    kv.mod_revision
+                )),
+                _ => DatastoreError::NotFound(what),
+            });
+        }
+        set_meta(
+            &mut object,
+            "resourceVersion",
+            json!(answer.revision.to_string()),
+        )?;
+        Ok(object)
+    }
+
+    async fn delete_object(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        precondition: &Precondition,
+    ) -> Result<(), DatastoreError> {
+        let key = codec::key_of(kind, namespace, name)?;
+        let what = kind.describe(namespace, name);
+        // The revision the delete is compared on: the one required, else
+        // the one read (so that a uid checked is the uid deleted).
+        let revision = match (&precondition.resource_version, &precondition.uid) {
+            (Some(rv), None) => Some(rv.parse::<i64>().map_err(|_| {
+                DatastoreError::Other(format!("{what}: invalid resourceVersion {rv:?}"))
+            })?),
+            (rv, Some(uid)) => {
+                let Some(kv) = self.client.get(&key).await? else {
+                    return Err(DatastoreError::NotFound(what));
+                };
+                let current = Self::decode_one(kind, &kv)?.unwrap_or(Value::Null);
+                let stored_uid = meta_field(&current, "uid");
+                if !stored_uid.is_empty() && stored_uid != uid {
+                    return Err(DatastoreError::Conflict(format!(
+                        "{what} has uid {stored_uid}, not {uid}"
+                    )));
+                }
+                if let Some(rv) = rv
+                    && rv != &kv.mod_revision.to_string()
+                {
+                    return Err(DatastoreError::Conflict(format!(
+                        "{what} is at revision {}, not {rv}",
+                        kv.mod_revision
+                    )));
+                }
+                Some(kv.mod_revision)
+            }
+            (None, None) => None,
+        };
+        let answer = self
+            .client
+            .txn(&Txn {
+                compare: revision
+                    .map(|r| Compare::ModRevision(key.clone(), r))
+                    .into_iter()
+                    .collect(),
+                success: vec![Op::Delete(key.clone())],
+                failure: vec![Op::Get(key.clone())],
+            })
+            .await?;
+        match (answer.succeeded, answer.responses.first()) {
+            (true, Some(OpResponse::Delete(n))) if *n > 0 => Ok(()),
+            (true, _) => Err(DatastoreError::NotFound(what)),
+            (false, Some(OpResponse::Get(Some(kv)))) => Err(DatastoreError::Conflict(format!(
+                "{what} is at revision {}, not {}",
+                kv.mod_revision,
+                revision.unwrap_or_default()
+            ))),
+            (false, _) => Err(DatastoreError::NotFound(what)),
+        }
+    }
+
+    fn handle_name(&self, handle_id: &str) -> String {
+        handle_id.to_string()
+    }
+
+    fn affinity_name(&self, node: &str, cidr: &ipnet::IpNet) -> String {
+        codec::affinity_name(node, cidr)
+    }
+}

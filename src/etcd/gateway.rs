@@ -1,0 +1,365 @@
+//! etcd's gRPC gateway: the KV and Maintenance services as JSON over HTTP
+//! on each member's client URL (`/v3/kv/range`, `/v3/kv/txn`,
+//! `/v3/maintenance/status`), bytes in base64, int64s as strings.
+//!
+//! Endpoints are tried in turn, starting from the last one that answered;
+//! a request moves on to the next endpoint only when it certainly did not
+//! reach the cluster (the connection failed) or the member has no leader,
+//! so a transaction is never sent twice.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::{
+    Compare, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, REQUEST_TIMEOUT, Txn, TxnResponse,
+};
+
+/// How long connecting to one member may take before the next is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+#[derive(Clone)]
+pub struct Gateway {
+    client: HttpsClient,
+    endpoints: Arc<Vec<String>>,
+    /// The endpoint that answered last.
+    preferred: Arc<AtomicUsize>,
+}
+
+/// Why one attempt failed, and whether the next endpoint may be tried.
+struct Failed {
+    error: EtcdError,
+    try_next: bool,
+}
+
+impl Gateway {
+    pub fn new(conf: &EtcdConfig) -> Result<Gateway, EtcdError> {
+        let needs_tls = conf.endpoints.iter().any(|e| e.starts_with("https://"));
+        for e in &conf.endpoints {
+            if !(e.starts_with("https://") || e.starts_with("http://")) {
+                return Err(EtcdError::Config(format!(
+                    "etcd endpoint {e:?} is not an http:// or https:// URL"
+                )));
+            }
+        }
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_nodelay(true);
+        let tls = if needs_tls {
+            super::tls::client_config(conf)?
+        } else {
+            Arc::new(
+                rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| EtcdError::Config(format!("TLS: {e}")))?
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+            )
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(Arc::unwrap_or_clone(tls))
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Gateway {
+            client,
+            endpoints: Arc::new(
+                conf.endpoints
+                    .iter()
+                    .map(|e| e.trim_end_matches('/').to_string())
+                    .collect(),
+            ),
+            preferred: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// POSTs `body` to `path` on the endpoints in turn, bounded by the
+    /// deadline.
+    async fn call(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, EtcdError> {
+        let bytes = Bytes::from(serde_json::to_vec(body).expect("JSON values serialize"));
+        let n = self.endpoints.len();
+        let first = self.preferred.load(Ordering::Relaxed) % n;
+        let mut errors = Vec::new();
+        for i in 0..n {
+            let index = (first + i) % n;
+            let endpoint = &self.endpoints[index];
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                break;
+            }
+            let limit = remaining.min(REQUEST_TIMEOUT);
+            let attempt = self.attempt(endpoint, path, bytes.clone());
+            match tokio::time::timeout(limit, attempt).await {
+                Ok(Ok(v)) => {
+                    self.preferred.store(index, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Ok(Err(Failed { error, try_next })) => {
+                    tracing::debug!(%endpoint, %path, "etcd request failed: {error}");
+                    if !try_next {
+                        return Err(error);
+                    }
+                    errors.push(format!("{endpoint}: {error}"));
+                }
+                Err(_) => {
+                    return Err(EtcdError::Timeout(format!(
+                        "no answer from etcd ({endpoint}{path}) within {:.1}s",
+                        limit.as_secs_f64()
+                    )));
+                }
+            }
+        }
+        if errors.is_empty() {
+            return Err(EtcdError::Timeout(
+                "the deadline passed before etcd could be asked".into(),
+            ));
+        }
+        Err(EtcdError::Unavailable(format!(
+            "no etcd endpoint answered: {}",
+            errors.join("; ")
+        )))
+    }
+
+    async fn attempt(&self, endpoint: &str, path: &str, body: Bytes) -> Result<Value, Failed> {
+        let request = http::Request::post(format!("{endpoint}{path}"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .map_err(|e| Failed {
+                error: EtcdError::Config(format!("etcd endpoint {endpoint:?}: {e}")),
+                try_next: true,
+            })?;
+        let response = self.client.request(request).await.map_err(|e| {
+            // Not connected: the request never reached the member.
+            let try_next = e.is_connect();
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                text.push_str(": ");
+                text.push_str(&s.to_string());
+                source = s.source();
+            }
+            Failed {
+                error: EtcdError::Unavailable(text),
+                try_next,
+            }
+        })?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| Failed {
+                error: EtcdError::Unavailable(format!("reading etcd's answer: {e}")),
+                try_next: false,
+            })?
+            .to_bytes();
+        let value: Value = serde_json::from_slice(&body).map_err(|e| Failed {
+            error: EtcdError::Server(format!(
+                "etcd answered {status} with a body that is not JSON: {e}"
+            )),
+            try_next: false,
+        })?;
+        if status.is_success() && value.get("error").is_none() {
+            return Ok(value);
+        }
+        Err(classify(status, &value))
+    }
+
+    pub async fn range(
+        &self,
+        key: &str,
+        range_end: Option<&[u8]>,
+        keys_only: bool,
+        deadline: Instant,
+    ) -> Result<Vec<KeyValue>, EtcdError> {
+        let mut body = json!({ "key": B64.encode(key) });
+        if let Some(end) = range_end {
+            body["range_end"] = json!(B64.encode(end));
+        }
+        if keys_only {
+            body["keys_only"] = json!(true);
+        }
+        let answer = self.call("/v3/kv/range", &body, deadline).await?;
+        parse_range(&answer)
+    }
+
+    pub async fn txn(&self, txn: &Txn, deadline: Instant) -> Result<TxnResponse, EtcdError> {
+        let body = json!({
+            "compare": txn.compare.iter().map(compare_json).collect::<Vec<_>>(),
+            "success": txn.success.iter().map(op_json).collect::<Vec<_>>(),
+            "failure": txn.failure.iter().map(op_json).collect::<Vec<_>>(),
+        });
+        let answer = self.call("/v3/kv/txn", &body, deadline).await?;
+        let succeeded = answer
+            .get("succeeded")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let ops = if succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
+        let answers = answer
+            .get("responses")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mut responses = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            let a = answers.get(i).cloned().unwrap_or(Value::Null);
+            responses.push(match op {
+                Op::Put(..) => OpResponse::Put,
+                Op::Get(_) => {
+                    let range = a.get("response_range").cloned().unwrap_or(json!({}));
+                    OpResponse::Get(parse_range(&range)?.pop())
+                }
+                Op::Delete(_) => OpResponse::Delete(int(a
+                    .pointer("/response_delete_range/deleted")
+                    .unwrap_or(&Value::Null))),
+            });
+        }
+        Ok(TxnResponse {
+            succeeded,
+            revision: header_revision(&answer),
+            responses,
+        })
+    }
+
+    pub async fn status(&self, deadline: Instant) -> Result<String, EtcdError> {
+        let answer = self
+            .call("/v3/maintenance/status", &json!({}), deadline)
+            .await?;
+        let version = answer.get("version").and_then(Value::as_str).unwrap_or("?");
+        let leader = answer.get("leader").map(int).unwrap_or(0);
+        if leader == 0 {
+            return Err(EtcdError::Unavailable(format!(
+                "etcd {version} answers but has no leader"
+            )));
+        }
+        Ok(format!("etcd {version}, leader {leader:x}"))
+    }
+}
+
+/// An int64 of the gateway's JSON: a string, or a number.
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn header_revision(answer: &Value) -> i64 {
+    answer
+        .pointer("/header/revision")
+        .map(int)
+        .unwrap_or_default()
+}
+
+#[derive(Deserialize)]
+struct RawKv {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+    #[serde(default, alias = "createRevision")]
+    create_revision: Value,
+    #[serde(default, alias = "modRevision")]
+    mod_revision: Value,
+}
+
+fn parse_range(answer: &Value) -> Result<Vec<KeyValue>, EtcdError> {
+    let Some(kvs) = answer.get("kvs") else {
+        return Ok(Vec::new());
+    };
+    let raw: Vec<RawKv> = serde_json::from_value(kvs.clone())
+        .map_err(|e| EtcdError::Server(format!("etcd's range answer is malformed: {e}")))?;
+    raw.into_iter()
+        .map(|kv| {
+            let key = B64
+                .decode(&kv.key)
+                .ok()
+                .and_then(|k| String::from_utf8(k).ok())
+                .ok_or_else(|| EtcdError::Server("etcd returned a malformed key".into()))?;
+            let value = B64
+                .decode(&kv.value)
+                .map_err(|e| EtcdError::Server(format!("etcd returned a malformed value: {e}")))?;
+            Ok(KeyValue {
+                key,
+                value,
+                create_revision: int(&kv.create_revision),
+                mod_revision: int(&kv.mod_revision),
+            })
+        })
+        .collect()
+}
+
+fn compare_json(c: &Compare) -> Value {
+    match c {
+        Compare::Version(key, version) => json!({
+            "key": B64.encode(key), "result": "EQUAL", "target": "VERSION",
+            "version": version.to_string(),
+        }),
+        Compare::ModRevision(key, revision) => json!({
+            "key": B64.encode(key), "result": "EQUAL", "target": "MOD",
+            "mod_revision": revision.to_string(),
+        }),
+    }
+}
+
+fn op_json(op: &Op) -> Value {
+    match op {
+        Op::Put(key, value) => json!({
+            "request_put": { "key": B64.encode(key), "value": B64.encode(value) }
+        }),
+        Op::Get(key) => json!({ "request_range": { "key": B64.encode(key) } }),
+        Op::Delete(key) => json!({ "request_delete_range": { "key": B64.encode(key) } }),
+    }
+}
+
+/// An error answer: `{"error"|"message": ..., "code": <gRPC code>}`.
+fn classify(status: http::StatusCode, value: &Value) -> Failed {
+    let message = value
+        .get("message")
+        .or_else(|| value.get("error"))
+        .and_then(Value::as_str)
+        .unwrap_or("no message")
+        .to_string();
+    let code = value.get("code").map(int).unwrap_or(0);
+    let text = format!("etcd answered {status}: {message}");
+    let (error, try_next) = match code {
+        // Unauthenticated, PermissionDenied.
+        16 | 7 => (EtcdError::Unauthorized(text), false),
+        // DeadlineExceeded.
+        4 => (EtcdError::Timeout(text), false),
+        // Unavailable: a member without a leader has not applied anything.
+        14 => {
+            let no_leader = message.contains("no leader");
+            (EtcdError::Unavailable(text), no_leader)
+        }
+        _ if message.contains("timed out") => (EtcdError::Timeout(text), false),
+        _ => (EtcdError::Server(text), false),
+    };
+    Failed { error, try_next }
+}
