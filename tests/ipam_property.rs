@@ -220,6 +220,10 @@ enum Backend {
         namespace: String,
         nodes: Vec<String>,
     },
+    Etcd {
+        access: common::etcd::EtcdAccess,
+        nodes: Vec<String>,
+    },
 }
 
 impl Backend {
@@ -233,8 +237,79 @@ impl Backend {
                 namespace,
                 nodes,
             } => kdd_snapshot(bed, namespace, nodes, pool, cids),
+            Backend::Etcd { access, nodes } => etcd_snapshot(access, nodes, pool, cids),
         }
     }
+}
+
+/// One range over `/calico/` (a single etcd revision), decoded with
+/// Calico's layout; affinities renamed as the other backends name them,
+/// for the checker.
+fn etcd_snapshot(
+    access: &common::etcd::EtcdAccess,
+    nodes: &[String],
+    pool: &Ipv4Net,
+    cids: &HashSet<String>,
+) -> Snapshot {
+    use calico_cni::datastore::etcd::codec::decode;
+    use calico_cni::datastore::model::WorkloadEndpoint;
+    use calico_cni::datastore::Resource;
+    let mut snap = Snapshot::default();
+    for (key, value) in access.list("/calico/") {
+        let kv = calico_cni::etcd::KeyValue {
+            key: key.clone(),
+            value: serde_json::to_vec(&value).unwrap(),
+            create_revision: 1,
+            mod_revision: 1,
+        };
+        let kind = if key.starts_with("/calico/ipam/v2/assignment/") {
+            IpamBlock::KIND
+        } else if key.starts_with("/calico/ipam/v2/handle/") {
+            IpamHandle::KIND
+        } else if key.starts_with("/calico/ipam/v2/host/") {
+            BlockAffinity::KIND
+        } else if key.starts_with("/calico/resources/v3/projectcalico.org/workloadendpoints/") {
+            WorkloadEndpoint::KIND
+        } else {
+            continue;
+        };
+        let Some(object) = decode(kind, &kv).unwrap() else {
+            continue;
+        };
+        match kind.name {
+            "IPAMBlock" => {
+                if in_pool(pool, object["spec"]["cidr"].as_str().unwrap_or("")) {
+                    snap.blocks.push(serde_json::from_value(object).unwrap());
+                }
+            }
+            "IPAMHandle" => {
+                let handle: IpamHandle = serde_json::from_value(object).unwrap();
+                let ours = handle
+                    .spec
+                    .handle_id
+                    .strip_prefix(&format!("{NETWORK}."))
+                    .is_some_and(|cid| cids.contains(cid));
+                if ours || handle.spec.block.keys().any(|c| in_pool(pool, c)) {
+                    snap.handles.push(handle);
+                }
+            }
+            "BlockAffinity" => {
+                let mut a: BlockAffinity = serde_json::from_value(object).unwrap();
+                if nodes.contains(&a.spec.node) || in_pool(pool, &a.spec.cidr) {
+                    if let Ok(cidr) = a.spec.cidr.parse::<IpNet>() {
+                        a.metadata.name = affinity_name(&a.spec.node, &cidr);
+                    }
+                    snap.affinities.push(a);
+                }
+            }
+            _ => {
+                if nodes.iter().any(|n| object["spec"]["node"] == json!(n)) {
+                    snap.endpoints.push(endpoint_of_wep(&object));
+                }
+            }
+        }
+    }
+    snap
 }
 
 fn local_snapshot(db: &Path) -> Snapshot {
@@ -1355,6 +1430,110 @@ fn concurrent_add_del_on_the_kubernetes_datastore_keeps_every_ipam_invariant() {
             conf["policy"] = json!({"type": "k8s"});
         },
         Some((&ns.name, pod_names.clone())),
+    );
+    let elapsed = run.go();
+    let end = run.check_end();
+    run.report(elapsed, &end);
+}
+
+/// What the etcd run made: removed on drop.
+struct EtcdObjects {
+    access: common::etcd::EtcdAccess,
+    pool: Ipv4Net,
+    nodes: Vec<String>,
+    pool_name: String,
+}
+
+impl Drop for EtcdObjects {
+    fn drop(&mut self) {
+        let a = &self.access;
+        for (key, value) in a.list("/calico/ipam/v2/handle/") {
+            let ours = value["block"]
+                .as_object()
+                .is_some_and(|m| m.keys().any(|c| in_pool(&self.pool, c)));
+            if ours {
+                a.delete_prefix(&key);
+            }
+        }
+        for (key, value) in a.list("/calico/ipam/v2/assignment/ipv4/") {
+            if in_pool(&self.pool, value["cidr"].as_str().unwrap_or("")) {
+                a.delete_prefix(&key);
+            }
+        }
+        for node in &self.nodes {
+            a.delete_prefix(&format!("/calico/ipam/v2/host/{node}/"));
+            a.delete_prefix(&format!("/calico/resources/v3/projectcalico.org/nodes/{node}"));
+        }
+        a.delete_prefix(&format!(
+            "/calico/resources/v3/projectcalico.org/ippools/{}",
+            self.pool_name
+        ));
+    }
+}
+
+#[test]
+fn concurrent_add_del_on_etcd_keeps_every_ipam_invariant() {
+    let test = "ipam_property_etcd";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(access) = common::etcd::calico_etcd(test) else {
+        return;
+    };
+    common::ipam::ensure_etcd_cluster_information(&access);
+    let _serial = lock(&SERIAL);
+    let tag = unique();
+    let dir = tempfile::tempdir().unwrap();
+    let node_names: Vec<String> = (0..NODES).map(|i| format!("prop-{tag}-{i}")).collect();
+    let taken: Vec<Ipv4Net> = access
+        .list("/calico/resources/v3/projectcalico.org/ippools/")
+        .iter()
+        .filter_map(|(_, p)| p["spec"]["cidr"].as_str()?.parse().ok())
+        .collect();
+    let pool = pick_pool(2, &taken);
+    let pool_name = format!("prop-{tag}");
+    let _objects = EtcdObjects {
+        access: access.clone(),
+        pool,
+        nodes: node_names.clone(),
+        pool_name: pool_name.clone(),
+    };
+    for n in &node_names {
+        access.put(
+            &format!("/calico/resources/v3/projectcalico.org/nodes/{n}"),
+            &json!({"kind": "Node", "apiVersion": "projectcalico.org/v3",
+                    "metadata": {"name": n, "labels": {"calico-prop": tag}}, "spec": {}})
+            .to_string(),
+        );
+    }
+    access.put(
+        &format!("/calico/resources/v3/projectcalico.org/ippools/{pool_name}"),
+        &json!({"kind": "IPPool", "apiVersion": "projectcalico.org/v3",
+                "metadata": {"name": pool_name},
+                "spec": {"cidr": pool.to_string(), "blockSize": BLOCK_SIZE,
+                         "nodeSelector": format!("calico-prop == '{tag}'"),
+                         "allowedUses": ["Workload", "Tunnel"]}})
+        .to_string(),
+    );
+    let conf_access = access.clone();
+    let run = new_run(
+        "etcd",
+        Backend::Etcd {
+            access: access.clone(),
+            nodes: node_names.clone(),
+        },
+        pool,
+        cycles(),
+        dir.path(),
+        &node_names,
+        |conf| {
+            conf["datastore_type"] = json!("etcdv3");
+            conf["etcd_endpoints"] = json!(conf_access.endpoints_csv());
+            conf["etcd_ca_cert_file"] = json!(conf_access.ca);
+            conf["etcd_cert_file"] = json!(conf_access.cert);
+            conf["etcd_key_file"] = json!(conf_access.key);
+        },
+        None,
     );
     let elapsed = run.go();
     let end = run.check_end();
