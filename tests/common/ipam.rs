@@ -66,7 +66,7 @@ impl Etcd {
             cert_file: Some(self.access.cert.clone()),
             key_file: Some(self.access.key.clone()),
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         calico_cni::datastore::etcd::EtcdStore::new(EtcdClient::new(&conf, deadline).unwrap())
     }
 }
@@ -206,37 +206,53 @@ impl World {
             }
             Backend::Etcd => {
                 let access = super::etcd::calico_etcd(test)?;
-                ensure_etcd_cluster_information(&access);
-                let etcd = Etcd {
-                    access,
-                    label: unique(),
-                    pools: Mutex::new(Vec::new()),
-                    handles: Mutex::new(Vec::new()),
-                };
-                let store = etcd.store();
-                let s: &dyn Store = &store;
-                let mut taken: Vec<IpNet> = Vec::new();
-                for kind in [IpPool::KIND, IpamBlock::KIND] {
-                    let list = block_on(s.list_objects(kind, "", &ListFilter::All)).unwrap();
-                    taken.extend(list.iter().filter_map(cidr_of));
-                }
-                let slot = (0..SLOTS)
-                    .map(|_| (start + SLOT.fetch_add(1, Ordering::Relaxed)) % SLOTS)
-                    .find(|&s| {
-                        let (a, b) = slot_nets(s);
-                        !taken.iter().any(|t| overlaps(t, &a) || overlaps(t, &b))
-                    })
-                    .expect("a free address range on the etcd cluster");
-                (world.v4_base, world.v6_base) = slot_nets(slot);
-                world.node = format!("node-{}", unique());
-                let node = json!({"kind": "Node", "apiVersion": "projectcalico.org/v3",
-                    "metadata": {"name": world.node, "labels": {"calico-test": etcd.label}},
-                    "spec": {}});
-                block_on(s.create_object(Node::KIND, node)).unwrap();
-                world.etcd = Some(etcd);
+                world.attach_etcd(access, start);
             }
         }
         Some(world)
+    }
+
+    /// A world on the etcd cluster `access` names (the test bed's, or a
+    /// private one): ClusterInformation ensured, free ranges, its own Node.
+    pub fn on_etcd(test: &str, access: super::etcd::EtcdAccess) -> Option<World> {
+        let mut world = World::new(test, Backend::Embedded)?;
+        world.local = None;
+        world.backend = Backend::Etcd;
+        let start = std::process::id().wrapping_mul(7) % SLOTS;
+        world.attach_etcd(access, start);
+        Some(world)
+    }
+
+    fn attach_etcd(&mut self, access: super::etcd::EtcdAccess, start: u32) {
+        let world = self;
+        ensure_etcd_cluster_information(&access);
+        let etcd = Etcd {
+            access,
+            label: unique(),
+            pools: Mutex::new(Vec::new()),
+            handles: Mutex::new(Vec::new()),
+        };
+        let store = etcd.store();
+        let s: &dyn Store = &store;
+        let mut taken: Vec<IpNet> = Vec::new();
+        for kind in [IpPool::KIND, IpamBlock::KIND] {
+            let list = block_on(s.list_objects(kind, "", &ListFilter::All)).unwrap();
+            taken.extend(list.iter().filter_map(cidr_of));
+        }
+        let slot = (0..SLOTS)
+            .map(|_| (start + SLOT.fetch_add(1, Ordering::Relaxed)) % SLOTS)
+            .find(|&s| {
+                let (a, b) = slot_nets(s);
+                !taken.iter().any(|t| overlaps(t, &a) || overlaps(t, &b))
+            })
+            .expect("a free address range on the etcd cluster");
+        (world.v4_base, world.v6_base) = slot_nets(slot);
+        world.node = format!("node-{}", unique());
+        let node = json!({"kind": "Node", "apiVersion": "projectcalico.org/v3",
+            "metadata": {"name": world.node, "labels": {"calico-test": etcd.label}},
+            "spec": {}});
+        block_on(s.create_object(Node::KIND, node)).unwrap();
+        world.etcd = Some(etcd);
     }
 
     /// The shared etcd cluster's access (an Etcd world).
@@ -612,6 +628,19 @@ impl World {
         }
         for pool in etcd.pools.lock().unwrap().iter() {
             let _ = block_on(s.delete_object(IpPool::KIND, "", pool, &Default::default()));
+        }
+        let weps = block_on(s.list_objects(WorkloadEndpoint::KIND, "", &ListFilter::All));
+        for wep in weps.unwrap_or_default() {
+            if wep["spec"]["node"] == json!(self.node) {
+                let ns = wep["metadata"]["namespace"].as_str().unwrap_or_default();
+                let name = wep["metadata"]["name"].as_str().unwrap_or_default();
+                let _ = block_on(s.delete_object(
+                    WorkloadEndpoint::KIND,
+                    ns,
+                    name,
+                    &Default::default(),
+                ));
+            }
         }
         let _ = block_on(s.delete_object(Node::KIND, "", &self.node, &Default::default()));
     }

@@ -1,0 +1,262 @@
+//! The etcd v3 datastore on real etcd: what the plugin writes is Calico's
+//! key layout and value format (read back raw with etcdctl), `calico -t`,
+//! and a three-member cluster losing one member (everything works) and
+//! then its quorum (ADD fails cleanly within the deadline and leaves
+//! nothing on the host; DEL completes its local teardown), then recovering.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::etcd::{EtcdAccess, PrivateCluster, calico_etcd};
+use common::ipam::{World, address};
+use common::*;
+use serde_json::{Value, json};
+
+const WEPS: &str = "/calico/resources/v3/projectcalico.org/workloadendpoints";
+
+fn test_connection(conf: &Value) -> Outcome {
+    let env = env_of(&[("CNI_COMMAND", "VERSION")]);
+    let mut out = std::process::Command::new(CALICO)
+        .arg("-t")
+        .envs(&env)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    out.stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let o = out.wait_with_output().unwrap();
+    Outcome {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+fn etcd_conf(a: &EtcdAccess) -> Value {
+    json!({
+        "cniVersion": "1.0.0", "name": "net1", "type": "calico",
+        "datastore_type": "etcdv3", "etcd_endpoints": a.endpoints_csv(),
+        "etcd_ca_cert_file": a.ca, "etcd_cert_file": a.cert, "etcd_key_file": a.key,
+    })
+}
+
+#[test]
+fn calico_t_tests_the_connection() {
+    let test = "calico_t_tests_the_connection";
+    let Some(a) = calico_etcd(test) else { return };
+    common::ipam::ensure_etcd_cluster_information(&a);
+    let ok = test_connection(&etcd_conf(&a));
+    assert_eq!(ok.code, 0, "{ok:?}");
+    assert_eq!(ok.stdout, "");
+
+    // A port nothing listens on: code 100, Calico's message.
+    let wrong = a.with_endpoints(&["https://127.0.0.1:1".to_string()]);
+    let started = Instant::now();
+    let out = test_connection(&etcd_conf(&wrong));
+    assert_eq!(out.code, 1, "{out:?}");
+    let reply = out.json();
+    assert_eq!(reply["code"], 100, "{reply}");
+    assert_eq!(reply["msg"], "data store connection failed");
+    assert!(
+        reply["details"].as_str().unwrap().contains("127.0.0.1:1"),
+        "{reply}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // The first endpoint down, the others up: it answers.
+    let mut endpoints = vec!["https://127.0.0.1:1".to_string()];
+    endpoints.extend(a.endpoints.clone());
+    let out = test_connection(&etcd_conf(&a.with_endpoints(&endpoints)));
+    assert_eq!(out.code, 0, "{out:?}");
+
+    // A client certificate the cluster does not trust: refused.
+    let mut untrusted = a.clone();
+    untrusted.cert = a.ca.clone();
+    let out = test_connection(&etcd_conf(&untrusted));
+    assert_eq!(out.code, 1, "{out:?}");
+}
+
+/// The raw value of `key`, JSON.
+fn raw(a: &EtcdAccess, key: &str) -> Value {
+    a.get(key)
+        .unwrap_or_else(|| panic!("no key {key}; keys: {:?}", a.keys("/calico/")))
+        .0
+}
+
+#[test]
+fn plain_cni_add_writes_calicos_keys_and_values() {
+    let test = "plain_cni_add_writes_calicos_keys_and_values";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(w) = World::new(test, common::ipam::Backend::Etcd) else {
+        return;
+    };
+    let a = w.etcd_access().clone();
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let netns = Netns::new();
+    let cid = container_id();
+    let conf = w.conf();
+    let r = w
+        .plugin("ADD", &cid, &netns.path(), &conf, "", None)
+        .assert_ok()
+        .json();
+    let ip = address(&r, 0);
+    assert!(pool.contains(&ip.addr()), "{r}");
+
+    // The WorkloadEndpoint: v3 JSON at Calico's key, no resourceVersion.
+    // Calico's name: the node's dashes doubled.
+    let name = format!("{}-cni-{cid}-eth0", w.node.replace('-', "--"));
+    let key = format!("{WEPS}/default/{name}");
+    let wep = raw(&a, &key);
+    assert_eq!(wep["kind"], "WorkloadEndpoint");
+    assert_eq!(wep["apiVersion"], "projectcalico.org/v3");
+    let meta = &wep["metadata"];
+    assert_eq!(meta["name"], json!(name));
+    assert_eq!(meta["namespace"], "default");
+    assert!(meta.get("resourceVersion").is_none(), "{meta}");
+    assert_eq!(meta["uid"].as_str().unwrap().len(), 36, "{meta}");
+    assert!(meta["creationTimestamp"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(meta["labels"]["projectcalico.org/namespace"], "default");
+    assert_eq!(meta["labels"]["projectcalico.org/orchestrator"], "cni");
+    let spec = &wep["spec"];
+    assert_eq!(spec["orchestrator"], "cni");
+    assert_eq!(spec["node"], json!(w.node));
+    assert_eq!(spec["containerID"], json!(cid));
+    assert_eq!(spec["endpoint"], "eth0");
+    assert_eq!(spec["interfaceName"], json!(host_veth(&cid)));
+    assert_eq!(spec["profiles"], json!(["net1"]));
+    assert_eq!(spec["ipNetworks"], json!([format!("{}/32", ip.addr())]));
+    assert!(spec["mac"].as_str().is_some_and(|m| m.len() == 17), "{spec}");
+
+    // IPAM in libcalico-go's model format under /calico/ipam/v2.
+    let block = ipnet::IpNet::new(ip.addr(), 26).unwrap().trunc();
+    let segment = block.to_string().replace('/', "-");
+    let b = raw(&a, &format!("/calico/ipam/v2/assignment/ipv4/block/{segment}"));
+    assert_eq!(b["cidr"], json!(block.to_string()));
+    assert_eq!(b["affinity"], json!(format!("host:{}", w.node)));
+    assert!(b["affinity_claim_time"].is_string(), "{b}");
+    assert!(b.get("strictAffinity").is_none() && b.get("affinityClaimTime").is_none());
+    assert_eq!(b["allocations"][0], json!(0), "{b}");
+    assert_eq!(b["unallocated"].as_array().unwrap().len(), 63);
+    assert_eq!(b["attributes"][0]["handle_id"], json!(format!("net1.{cid}")));
+    assert_eq!(b["attributes"][0]["secondary"]["node"], json!(w.node));
+    assert_eq!(b["deleted"], json!(false));
+    let affinity = raw(
+        &a,
+        &format!("/calico/ipam/v2/host/{}/ipv4/block/{segment}", w.node),
+    );
+    assert_eq!(affinity, json!({"state": "confirmed", "deleted": false}));
+    let handle = raw(&a, &format!("/calico/ipam/v2/handle/net1.{cid}"));
+    assert_eq!(
+        handle,
+        json!({"block": {block.to_string(): 1}, "deleted": false})
+    );
+
+    // CHECK, then DEL: the endpoint and handle keys go, the address is free.
+    w.plugin("CHECK", &cid, &netns.path(), &with_prev(&conf, &r), "", None)
+        .assert_ok();
+    w.plugin("DEL", &cid, &netns.path(), &conf, "", None)
+        .assert_ok();
+    assert!(a.get(&key).is_none());
+    assert!(a.get(&format!("/calico/ipam/v2/handle/net1.{cid}")).is_none());
+    let b = raw(&a, &format!("/calico/ipam/v2/assignment/ipv4/block/{segment}"));
+    assert!(b["allocations"].as_array().unwrap().iter().all(Value::is_null));
+    // DEL again: idempotent.
+    w.plugin("DEL", &cid, &netns.path(), &conf, "", None)
+        .assert_ok();
+}
+
+fn with_prev(conf: &Value, result: &Value) -> Value {
+    let mut c = conf.clone();
+    c["prevResult"] = result.clone();
+    c
+}
+
+/// Nothing of container `cid` on the host or in `netns`.
+fn assert_nothing_on_the_host(netns: &Netns, cid: &str) {
+    assert!(netns.link("eth0").is_none(), "eth0 left in the netns");
+    assert!(!host_link_exists(&host_veth(cid)), "host veth left");
+    let routes = host_ip_json(&["route", "show"]);
+    let left: Vec<&Value> = routes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["dev"] == json!(host_veth(cid)))
+        .collect();
+    assert!(left.is_empty(), "host routes left: {left:?}");
+}
+
+#[test]
+fn a_cluster_that_loses_a_member_then_its_quorum() {
+    let test = "a_cluster_that_loses_a_member_then_its_quorum";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(mut cluster) = PrivateCluster::start(test, 3) else {
+        return;
+    };
+    let Some(w) = World::on_etcd(test, cluster.access()) else {
+        return;
+    };
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let mut conf = w.conf();
+    conf["deadline_seconds"] = json!(6);
+    let add = |cid: &str, ns: &Netns| w.plugin("ADD", cid, &ns.path(), &conf, "", None);
+    let del = |cid: &str, ns: &Netns| w.plugin("DEL", cid, &ns.path(), &conf, "", None);
+
+    let (ns_a, a) = (Netns::new(), container_id());
+    add(&a, &ns_a).assert_ok();
+
+    // The first endpoint's member stops: every verb still works.
+    cluster.stop_member(0);
+    let (ns_b, b) = (Netns::new(), container_id());
+    let r = add(&b, &ns_b).assert_ok().json();
+    w.plugin("CHECK", &b, &ns_b.path(), &with_prev(&conf, &r), "", None)
+        .assert_ok();
+    del(&b, &ns_b).assert_ok();
+    assert_nothing_on_the_host(&ns_b, &b);
+
+    // A second one: no quorum. ADD fails within its deadline, cleanly.
+    cluster.stop_member(1);
+    let (ns_c, c) = (Netns::new(), container_id());
+    let started = Instant::now();
+    let out = add(&c, &ns_c);
+    let took = started.elapsed();
+    assert_eq!(out.code, 1, "{out:?}");
+    let reply = out.json();
+    assert!(reply["code"].as_u64().is_some() && reply["msg"].is_string(), "{reply}");
+    eprintln!("quorum lost: ADD failed in {took:?}: {reply}");
+    assert!(took < Duration::from_secs(6 + 5), "ADD took {took:?}: {reply}");
+    assert_nothing_on_the_host(&ns_c, &c);
+    // DEL of the pod made before: its local part completes (the interface
+    // goes); the datastore part is reported.
+    let started = Instant::now();
+    let out = del(&a, &ns_a);
+    eprintln!("quorum lost: DEL in {:?}: {out:?}", started.elapsed());
+    assert_nothing_on_the_host(&ns_a, &a);
+    assert!(out.code == 0 || out.json()["msg"].is_string(), "{out:?}");
+
+    // The members come back: the next calls succeed, and the retried DEL
+    // releases what the failed one could not.
+    cluster.start_member(0);
+    cluster.start_member(1);
+    for i in 0..3 {
+        cluster.wait_healthy(i, Duration::from_secs(30));
+    }
+    add(&c, &ns_c).assert_ok();
+    del(&c, &ns_c).assert_ok();
+    del(&a, &ns_a).assert_ok();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+    let access = cluster.access();
+    assert!(access.keys("/calico/ipam/v2/handle/").is_empty());
+    assert!(access.keys(&format!("{WEPS}/")).is_empty());
+}
