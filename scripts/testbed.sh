@@ -7,13 +7,17 @@
 #
 # What `up` makes, under $TESTBED_DIR (default /run/calico-cni-testbed):
 # - a CA and certificates (etcd, kube-apiserver, admin in system:masters,
-#   kube-controller-manager, a certificate for the tests' fault proxy) and
+#   kube-controller-manager, a certificate for the tests' fault proxy, Calico's
+#   etcd and its client calico-cni) and
 #   the service-account signing key pair;
 # - etcd (TLS, client certificates) and kube-apiserver (TLS, RBAC, the
 #   service-account issuer) on 127.0.0.1, and kube-controller-manager (the
 #   garbage collector; node IPAM with --allocate-node-cidrs, so a Node created
 #   through the API gets real spec.podCIDRs, a /24 of 10.250.0.0/16 and a /64
 #   of fd00:10:250::/56);
+# - a second etcd, for Calico's own data (the etcd datastore): three members
+#   calico-etcd-0..2 on 127.0.0.1, TLS with client certificates on the client
+#   and the peer URLs, and a client certificate calico-cni for the plugin;
 # - Calico's CRDs (testbed/crds.json: group crd.projectcalico.org, v1,
 #   cluster-scoped), the calico-cni-plugin ServiceAccount bound to the
 #   calico-cni ClusterRole (testbed/rbac.json: the permissions Calico's
@@ -29,6 +33,10 @@ root=$PWD
 dir=${TESTBED_DIR:-/run/calico-cni-testbed}
 etcd_port=${TESTBED_ETCD_PORT:-23791}
 etcd_peer_port=${TESTBED_ETCD_PEER_PORT:-23801}
+# Calico's etcd: member i listens on client port base+i, peer port base+i.
+calico_etcd_members=3
+calico_etcd_port=${TESTBED_CALICO_ETCD_PORT:-23821}
+calico_etcd_peer_port=${TESTBED_CALICO_ETCD_PEER_PORT:-23831}
 api_port=${TESTBED_API_PORT:-26443}
 kcm_port=${TESTBED_KCM_PORT:-26444}
 api=https://127.0.0.1:$api_port
@@ -47,19 +55,28 @@ die() {
 }
 
 # alive NAME: the process of NAME.pid runs, and is that peer (not a process
-# that got its pid after a reboot or a kill).
+# that got its pid after a reboot or a kill): its executable is NAME.exe (what
+# `start` ran), or $bin/NAME.
 alive() {
-  local pid
+  local pid exe
   pid=$(cat "$dir/$1.pid" 2>/dev/null) || return 1
-  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$bin/$1")" ]
+  exe=$(cat "$dir/$1.exe" 2>/dev/null) || exe=$(readlink -f "$bin/$1")
+  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ]
 }
 
 # start NAME COMMAND...: runs COMMAND in its own session, logs to logs/NAME.log.
+# NAME is unique; the executable need not be called NAME. Without the ETCD_*
+# variables of `env` (the plugin's): etcd takes them for its flags, and dies
+# on one that a flag also sets.
 start() {
   local name=$1
   shift
   alive "$name" && return 0
-  setsid "$@" </dev/null >"$dir/logs/$name.log" 2>&1 &
+  readlink -f "$1" >"$dir/$name.exe"
+  (
+    for v in $(compgen -e | grep '^ETCD_'); do unset "$v"; done
+    exec setsid "$@" </dev/null >"$dir/logs/$name.log" 2>&1
+  ) &
   echo $! >"$dir/$name.pid"
 }
 
@@ -73,7 +90,7 @@ stop() {
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
   fi
-  rm -f "$dir/$name.pid"
+  rm -f "$dir/$name.pid" "$dir/$name.exe"
 }
 
 # wait_for WHAT SECONDS COMMAND...
@@ -138,6 +155,8 @@ pki() {
   cert admin "/O=system:masters/CN=testbed-admin"
   cert kcm "/CN=system:kube-controller-manager"
   cert proxy "/CN=fault-proxy" "$loop"
+  cert calico-etcd "/CN=calico-etcd" "$loop"
+  cert calico-cni "/CN=calico-cni"
   if [ ! -f "$p/sa.key" ]; then
     openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
     openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
@@ -170,6 +189,45 @@ start_etcd() {
     --unsafe-no-fsync --log-level warn
   wait_for etcd 30 curl -sf --max-time 2 --cacert "$p/ca.crt" --cert "$p/etcd-client.crt" \
     --key "$p/etcd-client.key" "https://127.0.0.1:$etcd_port/health"
+}
+
+# Calico's etcd: three members started together (none is healthy before a
+# quorum runs), then each one's /health with the calico-cni certificate.
+calico_etcd_endpoints() {
+  local i sep=
+  for i in $(seq 0 $((calico_etcd_members - 1))); do
+    printf '%shttps://127.0.0.1:%s' "$sep" $((calico_etcd_port + i))
+    sep=,
+  done
+}
+
+start_calico_etcd() {
+  local p=$dir/pki i cluster= sep=
+  for i in $(seq 0 $((calico_etcd_members - 1))); do
+    cluster+="${sep}calico-etcd-$i=https://127.0.0.1:$((calico_etcd_peer_port + i))"
+    sep=,
+  done
+  for i in $(seq 0 $((calico_etcd_members - 1))); do
+    local client=https://127.0.0.1:$((calico_etcd_port + i))
+    local peer=https://127.0.0.1:$((calico_etcd_peer_port + i))
+    mkdir -p -m 700 "$dir/calico-etcd-$i"
+    # --initial-cluster* only count on a first start (an empty data dir).
+    start "calico-etcd-$i" "$bin/etcd" --name "calico-etcd-$i" --data-dir "$dir/calico-etcd-$i" \
+      --listen-client-urls "$client" --advertise-client-urls "$client" \
+      --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+      --initial-cluster "$cluster" --initial-cluster-token calico-cni-testbed \
+      --initial-cluster-state new \
+      --cert-file "$p/calico-etcd.crt" --key-file "$p/calico-etcd.key" \
+      --client-cert-auth --trusted-ca-file "$p/ca.crt" \
+      --peer-cert-file "$p/calico-etcd.crt" --peer-key-file "$p/calico-etcd.key" \
+      --peer-client-cert-auth --peer-trusted-ca-file "$p/ca.crt" \
+      --unsafe-no-fsync --log-level warn
+  done
+  for i in $(seq 0 $((calico_etcd_members - 1))); do
+    wait_for "calico-etcd-$i" 30 curl -sf --max-time 2 --cacert "$p/ca.crt" \
+      --cert "$p/calico-cni.crt" --key "$p/calico-cni.key" \
+      "https://127.0.0.1:$((calico_etcd_port + i))/health"
+  done
 }
 
 start_apiserver() {
@@ -319,6 +377,10 @@ export ETCD_ENDPOINTS='https://127.0.0.1:$etcd_port'
 export ETCD_CA_CERT_FILE='$p/ca.crt'
 export ETCD_CERT_FILE='$p/etcd-client.crt'
 export ETCD_KEY_FILE='$p/etcd-client.key'
+export TESTBED_CALICO_ETCD_ENDPOINTS='$(calico_etcd_endpoints)'
+export TESTBED_CALICO_ETCD_CA='$p/ca.crt'
+export TESTBED_CALICO_ETCD_CERT='$p/calico-cni.crt'
+export TESTBED_CALICO_ETCD_KEY='$p/calico-cni.key'
 EOF
 }
 
@@ -330,6 +392,7 @@ up() {
   kubeconfig "$dir/admin.kubeconfig" "$(jq -n --arg c "$dir/pki/admin.crt" --arg k "$dir/pki/admin.key" \
     '{"client-certificate": $c, "client-key": $k}')"
   start_etcd
+  start_calico_etcd
   start_apiserver
   start_controller_manager
   calico_objects
@@ -341,6 +404,8 @@ up() {
 down() {
   stop kube-controller-manager
   stop kube-apiserver
+  local i
+  for i in $(seq 0 $((calico_etcd_members - 1))); do stop "calico-etcd-$i"; done
   stop etcd
   rm -rf "$dir"
   log "down"

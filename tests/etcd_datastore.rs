@@ -135,19 +135,28 @@ fn plain_cni_add_writes_calicos_keys_and_values() {
     assert_eq!(spec["interfaceName"], json!(host_veth(&cid)));
     assert_eq!(spec["profiles"], json!(["net1"]));
     assert_eq!(spec["ipNetworks"], json!([format!("{}/32", ip.addr())]));
-    assert!(spec["mac"].as_str().is_some_and(|m| m.len() == 17), "{spec}");
+    assert!(
+        spec["mac"].as_str().is_some_and(|m| m.len() == 17),
+        "{spec}"
+    );
 
     // IPAM in libcalico-go's model format under /calico/ipam/v2.
     let block = ipnet::IpNet::new(ip.addr(), 26).unwrap().trunc();
     let segment = block.to_string().replace('/', "-");
-    let b = raw(&a, &format!("/calico/ipam/v2/assignment/ipv4/block/{segment}"));
+    let b = raw(
+        &a,
+        &format!("/calico/ipam/v2/assignment/ipv4/block/{segment}"),
+    );
     assert_eq!(b["cidr"], json!(block.to_string()));
     assert_eq!(b["affinity"], json!(format!("host:{}", w.node)));
     assert!(b["affinity_claim_time"].is_string(), "{b}");
     assert!(b.get("strictAffinity").is_none() && b.get("affinityClaimTime").is_none());
     assert_eq!(b["allocations"][0], json!(0), "{b}");
     assert_eq!(b["unallocated"].as_array().unwrap().len(), 63);
-    assert_eq!(b["attributes"][0]["handle_id"], json!(format!("net1.{cid}")));
+    assert_eq!(
+        b["attributes"][0]["handle_id"],
+        json!(format!("net1.{cid}"))
+    );
     assert_eq!(b["attributes"][0]["secondary"]["node"], json!(w.node));
     assert_eq!(b["deleted"], json!(false));
     let affinity = raw(
@@ -162,14 +171,33 @@ fn plain_cni_add_writes_calicos_keys_and_values() {
     );
 
     // CHECK, then DEL: the endpoint and handle keys go, the address is free.
-    w.plugin("CHECK", &cid, &netns.path(), &with_prev(&conf, &r), "", None)
-        .assert_ok();
+    w.plugin(
+        "CHECK",
+        &cid,
+        &netns.path(),
+        &with_prev(&conf, &r),
+        "",
+        None,
+    )
+    .assert_ok();
     w.plugin("DEL", &cid, &netns.path(), &conf, "", None)
         .assert_ok();
     assert!(a.get(&key).is_none());
-    assert!(a.get(&format!("/calico/ipam/v2/handle/net1.{cid}")).is_none());
-    let b = raw(&a, &format!("/calico/ipam/v2/assignment/ipv4/block/{segment}"));
-    assert!(b["allocations"].as_array().unwrap().iter().all(Value::is_null));
+    assert!(
+        a.get(&format!("/calico/ipam/v2/handle/net1.{cid}"))
+            .is_none()
+    );
+    let b = raw(
+        &a,
+        &format!("/calico/ipam/v2/assignment/ipv4/block/{segment}"),
+    );
+    assert!(
+        b["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(Value::is_null)
+    );
     // DEL again: idempotent.
     w.plugin("DEL", &cid, &netns.path(), &conf, "", None)
         .assert_ok();
@@ -233,9 +261,15 @@ fn a_cluster_that_loses_a_member_then_its_quorum() {
     let took = started.elapsed();
     assert_eq!(out.code, 1, "{out:?}");
     let reply = out.json();
-    assert!(reply["code"].as_u64().is_some() && reply["msg"].is_string(), "{reply}");
+    assert!(
+        reply["code"].as_u64().is_some() && reply["msg"].is_string(),
+        "{reply}"
+    );
     eprintln!("quorum lost: ADD failed in {took:?}: {reply}");
-    assert!(took < Duration::from_secs(6 + 5), "ADD took {took:?}: {reply}");
+    assert!(
+        took < Duration::from_secs(6 + 5),
+        "ADD took {took:?}: {reply}"
+    );
     assert_nothing_on_the_host(&ns_c, &c);
     // DEL of the pod made before: its local part completes (the interface
     // goes); the datastore part is reported.

@@ -251,9 +251,9 @@ fn etcd_snapshot(
     pool: &Ipv4Net,
     cids: &HashSet<String>,
 ) -> Snapshot {
+    use calico_cni::datastore::Resource;
     use calico_cni::datastore::etcd::codec::decode;
     use calico_cni::datastore::model::WorkloadEndpoint;
-    use calico_cni::datastore::Resource;
     let mut snap = Snapshot::default();
     for (key, value) in access.list("/calico/") {
         let kv = calico_cni::etcd::KeyValue {
@@ -1462,7 +1462,9 @@ impl Drop for EtcdObjects {
         }
         for node in &self.nodes {
             a.delete_prefix(&format!("/calico/ipam/v2/host/{node}/"));
-            a.delete_prefix(&format!("/calico/resources/v3/projectcalico.org/nodes/{node}"));
+            a.delete_prefix(&format!(
+                "/calico/resources/v3/projectcalico.org/nodes/{node}"
+            ));
         }
         a.delete_prefix(&format!(
             "/calico/resources/v3/projectcalico.org/ippools/{}",

@@ -316,6 +316,18 @@ pub fn cidr_name(cidr: &IpNet) -> String {
     cidr.to_string().replace(['.', ':', '/'], "-")
 }
 
+/// The CIDR a block's name stands for: [`cidr_name`] read back (`10-0-0-0-26`, `fd80-24e2-f998-72d6---122`).
+pub fn cidr_of_block_name(name: &str) -> Option<IpNet> {
+    let (addr, prefix) = name.rsplit_once('-')?;
+    let v4 = addr.replacen('-', ".", 3);
+    let text = if v4.parse::<std::net::Ipv4Addr>().is_ok() {
+        v4
+    } else {
+        addr.replace('-', ":")
+    };
+    format!("{text}/{prefix}").parse().ok()
+}
+
 /// The handle's resource name: its ID lower-cased.
 pub fn handle_name(handle_id: &str) -> String {
     handle_id.to_lowercase()

@@ -252,6 +252,20 @@ pub trait Store: Send + Sync {
         precondition: &Precondition,
     ) -> Result<(), DatastoreError>;
 
+    /// The names of the objects of `kind` in `namespace`, sorted (a backend
+    /// that can list keys alone does, instead of whole objects).
+    async fn list_names(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+    ) -> Result<Vec<String>, DatastoreError> {
+        let objects = self.list_objects(kind, namespace, &ListFilter::All).await?;
+        Ok(objects
+            .iter()
+            .map(|o| meta_field(o, "name").to_string())
+            .collect())
+    }
+
     /// The name this backend gives the IPAMHandle of `handle_id`: Calico's
     /// Kubernetes datastore lower-cases it (and the embedded store does the
     /// same); etcd keys keep it as it is.

@@ -110,6 +110,12 @@ impl EtcdAccess {
     /// the default command timeout of 5 s). Add the subcommand's arguments.
     pub fn etcdctl_command(&self) -> Command {
         let mut cmd = Command::new(etcdctl_bin());
+        // Only the flags below: etcdctl takes ETCDCTL_* for its flags.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ETCDCTL_") {
+                cmd.env_remove(k);
+            }
+        }
         cmd.arg(format!("--endpoints={}", self.endpoints_csv()))
             .arg(format!("--cacert={}", self.ca.display()))
             .arg(format!("--cert={}", self.cert.display()))
@@ -462,6 +468,13 @@ impl PrivateCluster {
             .open(&m.log)
             .unwrap();
         let mut cmd = Command::new(&self.etcd);
+        // etcd takes ETCD_* for its flags and dies on one a flag also
+        // sets: the test bed exports the plugin's ETCD_CERT_FILE and others.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ETCD_") {
+                cmd.env_remove(k);
+            }
+        }
         // etcd reads ETCD_* variables as flags (and refuses one that a flag
         // shadows): the test bed's environment exports some for clients.
         for (k, _) in std::env::vars() {

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod containerd;
+pub mod etcd;
 pub mod faultproxy;
 pub mod ipam;
 pub mod testbed;

@@ -93,6 +93,11 @@ impl Testbed {
             .unwrap_or_else(|| panic!("the test bed exports no {name}"))
     }
 
+    /// An export of the test bed, `None` when it has none.
+    pub fn var_opt(&self, name: &str) -> Option<&str> {
+        self.env.get(name).map(String::as_str)
+    }
+
     /// `https://127.0.0.1:PORT`
     pub fn api(&self) -> &str {
         self.var("TESTBED_API")

@@ -17,7 +17,7 @@
 use ipnet::IpNet;
 use serde_json::{Map, Value, json};
 
-use super::super::ipam_model::{affinity_labels, cidr_name};
+use super::super::ipam_model::{affinity_labels, cidr_name, cidr_of_block_name};
 use super::super::model::API_VERSION;
 use super::super::{DatastoreError, EtcdLayout, Kind, ListFilter, meta_field};
 use crate::etcd::KeyValue;
@@ -39,18 +39,6 @@ fn cidr_segment(cidr: &IpNet) -> String {
 
 fn family(cidr: &IpNet) -> u8 {
     if cidr.addr().is_ipv4() { 4 } else { 6 }
-}
-
-/// The CIDR of a block name (`10-0-0-0-26`, `fd80-24e2-f998-72d6---122`).
-fn cidr_of_block_name(name: &str) -> Option<IpNet> {
-    let (addr, prefix) = name.rsplit_once('-')?;
-    let v4 = addr.replacen('-', ".", 3);
-    let text = if v4.parse::<std::net::Ipv4Addr>().is_ok() {
-        v4
-    } else {
-        addr.replace('-', ":")
-    };
-    format!("{text}/{prefix}").parse().ok()
 }
 
 fn block_key(cidr: &IpNet) -> String {
@@ -113,6 +101,21 @@ pub fn list_prefix(kind: &Kind, namespace: &str, filter: &ListFilter) -> String 
         },
         EtcdLayout::IpamHandle => HANDLES.to_string(),
         EtcdLayout::IpamConfig => CONFIG.to_string(),
+    }
+}
+
+/// The name of the object stored at `key`, from the key alone.
+pub fn name_of_key(kind: &Kind, key: &str) -> Option<String> {
+    let last = key.rsplit('/').next()?;
+    match kind.etcd {
+        EtcdLayout::V3 | EtcdLayout::IpamHandle => Some(last.to_string()),
+        EtcdLayout::IpamBlock => last
+            .replacen('-', "/", 1)
+            .parse::<IpNet>()
+            .ok()
+            .map(|c| cidr_name(&c)),
+        EtcdLayout::BlockAffinity => key.strip_prefix(IPAM_ROOT).map(str::to_string),
+        EtcdLayout::IpamConfig => (key == CONFIG).then(|| "default".to_string()),
     }
 }
 

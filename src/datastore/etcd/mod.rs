@@ -252,6 +252,21 @@ impl Store for EtcdStore {
         }
     }
 
+    async fn list_names(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+    ) -> Result<Vec<String>, DatastoreError> {
+        let prefix = codec::list_prefix(kind, namespace, &ListFilter::All);
+        let kvs = self.client.list(&prefix, true).await?;
+        let mut names: Vec<String> = kvs
+            .iter()
+            .filter_map(|kv| codec::name_of_key(kind, &kv.key))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
     fn handle_name(&self, handle_id: &str) -> String {
         handle_id.to_string()
     }

@@ -29,7 +29,8 @@ use super::pools::{
 use crate::datastore::ipam_model::{
     AFFINITY_CONFIRMED, AFFINITY_PENDING, BlockAffinity, BlockAffinitySpec, IpPool, IpReservation,
     IpamBlock, IpamConfig, IpamConfigSpec, IpamHandle, IpamHandleSpec, LABEL_AFFINITY_TYPE,
-    LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels, cidr_name, hostname_hash,
+    LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels, cidr_name, cidr_of_block_name,
+    hostname_hash,
 };
 use crate::datastore::{DatastoreError, ListFilter, Precondition, Resource, Store};
 
@@ -438,19 +439,17 @@ impl<'a> Allocator<'a> {
             if config.strict_affinity {
                 messages.push("No more free affine blocks and strict affinity enabled".to_string());
             } else {
-                let blocks = self
+                let names = self
                     .store
-                    .list::<IpamBlock>("", &ListFilter::All)
+                    .list_names(IpamBlock::KIND, "")
                     .await
                     .map_err(ds("error listing IPAM blocks"))?;
-                let mut candidates: Vec<IpNet> = blocks
+                let mut candidates: Vec<IpNet> = names
                     .iter()
-                    .filter(|b| !b.spec.deleted)
-                    .filter_map(|b| block::cidr_of(&b.spec).map(|c| (c, b)))
+                    .filter_map(|n| cidr_of_block_name(n))
                     // Every block of the pools, each read fresh below: one
-                    // listed full may have freed an address since.
-                    .filter(|(c, _)| in_pools(c) && c.addr().is_ipv6() == v6)
-                    .map(|(c, _)| c)
+                    // full (or deleted) when listed may have changed since.
+                    .filter(|c| in_pools(c) && c.addr().is_ipv6() == v6)
                     .collect();
                 // Hosts start at different places (as new blocks do).
                 if !candidates.is_empty() {
@@ -551,13 +550,13 @@ impl<'a> Allocator<'a> {
     /// Claims the first free block of the pools (in this host's order);
     /// `None` when every block exists.
     async fn claim_new_block(&self, pools: &[IpPool]) -> Result<Option<IpNet>, IpamError> {
+        // Names only: which blocks exist, not what they hold.
         let existing: HashSet<String> = self
             .store
-            .list::<IpamBlock>("", &ListFilter::All)
+            .list_names(IpamBlock::KIND, "")
             .await
             .map_err(ds("error listing IPAM blocks"))?
             .into_iter()
-            .map(|b| b.metadata.name)
             .collect();
         for pool in pools {
             let Some(net) = pool.spec.network() else {
