@@ -294,3 +294,80 @@ fn a_cluster_that_loses_a_member_then_its_quorum() {
     assert!(access.keys("/calico/ipam/v2/handle/").is_empty());
     assert!(access.keys(&format!("{WEPS}/")).is_empty());
 }
+
+/// Kubernetes mode on the etcd datastore (Calico's etcd deployments): the
+/// pod and namespace come from the API server, the WorkloadEndpoint and
+/// IPAM go to etcd, the pod's podIP annotations are not written.
+#[test]
+fn a_kubernetes_pod_on_the_etcd_datastore() {
+    let test = "a_kubernetes_pod_on_the_etcd_datastore";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(bed) = common::testbed::testbed(test) else {
+        return;
+    };
+    let Some(w) = World::new(test, common::ipam::Backend::Etcd) else {
+        return;
+    };
+    let a = w.etcd_access().clone();
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let ns = bed.namespace(json!({"team": "a"}), json!({}));
+    ns.create_pod(json!({
+        "metadata": {"name": "pod1", "labels": {"app": "web"}},
+        "spec": {"nodeName": w.node, "containers": [{"name": "c", "image": "i"}]}
+    }));
+    let mut conf = w.conf();
+    conf["kubernetes"] = json!({"kubeconfig": bed.cni_kubeconfig()});
+    conf["policy"] = json!({"type": "k8s"});
+    let netns = Netns::new();
+    let cid = container_id();
+    let args = format!(
+        "K8S_POD_NAMESPACE={};K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid}",
+        ns.name
+    );
+    let r = w
+        .plugin("ADD", &cid, &netns.path(), &conf, &args, None)
+        .assert_ok()
+        .json();
+    let ip = address(&r, 0);
+    let name = format!("{}-k8s-pod1-eth0", w.node.replace('-', "--"));
+    let key = format!("{WEPS}/{}/{name}", ns.name);
+    let wep = raw(&a, &key);
+    let spec = &wep["spec"];
+    assert_eq!(spec["orchestrator"], "k8s");
+    assert_eq!(spec["pod"], "pod1");
+    assert_eq!(spec["containerID"], json!(cid));
+    assert_eq!(spec["ipNetworks"], json!([format!("{}/32", ip.addr())]));
+    // The service account profile only when the pod names one (the test
+    // bed may run without the ServiceAccount admission plugin).
+    let sa = ns.pod("pod1").unwrap()["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut profiles = vec![format!("kns.{}", ns.name)];
+    if !sa.is_empty() {
+        profiles.push(format!("ksa.{}.{sa}", ns.name));
+        assert_eq!(spec["serviceAccountName"], json!(sa));
+        assert_eq!(
+            wep["metadata"]["labels"]["projectcalico.org/serviceaccount"],
+            json!(sa)
+        );
+    }
+    assert_eq!(spec["profiles"], json!(profiles));
+    let labels = &wep["metadata"]["labels"];
+    assert_eq!(labels["projectcalico.org/namespace"], json!(ns.name));
+    assert_eq!(labels["projectcalico.org/orchestrator"], "k8s");
+    // The pod's own labels (namespace labels reach policy via kns.).
+    assert_eq!(labels["app"], "web", "{labels}");
+    let handle = format!("net1.{cid}");
+    assert_eq!(w.addresses_of(&handle), [ip.addr()]);
+
+    w.plugin("CHECK", &cid, &netns.path(), &with_prev(&conf, &r), &args, None)
+        .assert_ok();
+    w.plugin("DEL", &cid, &netns.path(), &conf, &args, None)
+        .assert_ok();
+    assert!(a.get(&key).is_none(), "the endpoint key is left");
+    assert!(w.handle(&handle).is_none());
+    assert!(w.allocations().is_empty());
+}
