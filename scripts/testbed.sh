@@ -87,8 +87,9 @@ stop() {
   pid=$(cat "$dir/$name.pid")
   if alive "$name"; then
     kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
+    # alive, not kill -0: an exited peer stays a zombie until init reaps it.
+    for _ in $(seq 100); do alive "$name" || break; sleep 0.1; done
+    alive "$name" && kill -KILL "$pid" 2>/dev/null || true
   fi
   rm -f "$dir/$name.pid" "$dir/$name.exe"
 }

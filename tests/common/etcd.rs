@@ -564,6 +564,22 @@ impl PrivateCluster {
         self.members[i].log.clone()
     }
 
+    /// The tails of every member's log (for failure messages).
+    pub fn log_tails(&self, lines: usize) -> String {
+        self.members
+            .iter()
+            .map(|m| {
+                format!(
+                    "--- {} ({}):\n{}",
+                    m.name,
+                    m.log.display(),
+                    tail(&m.log, lines)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Kills member `i` (SIGKILL) and waits for it to exit.
     pub fn stop_member(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.lock().unwrap().take() {
@@ -625,6 +641,60 @@ impl PrivateCluster {
             log.display(),
             tail(log, 30)
         ))
+    }
+
+    /// Member `i`'s (member ID, the leader it knows: 0 for none), from
+    /// `endpoint status`; `None` when it does not answer within 1 s.
+    pub fn status(&self, i: usize) -> Option<(u64, u64)> {
+        let out = self.member_access(i).etcdctl_output(
+            &["--command-timeout=1s", "-w", "json", "endpoint", "status"],
+            None,
+        );
+        if !out.status.success() {
+            return None;
+        }
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let status = &v[0]["Status"];
+        Some((
+            status["header"]["member_id"].as_u64()?,
+            status["leader"].as_u64().unwrap_or(0),
+        ))
+    }
+
+    /// The member that leads, when every running member names the same
+    /// leader and that leader runs.
+    pub fn leader(&self) -> Option<usize> {
+        let running: Vec<usize> = (0..self.len()).filter(|&i| self.is_running(i)).collect();
+        let mut ids = Vec::new();
+        for &i in &running {
+            ids.push((i, self.status(i)?));
+        }
+        let leader = ids.first()?.1.1;
+        if ids.iter().any(|(_, (_, l))| *l != leader) {
+            return None;
+        }
+        ids.iter()
+            .find(|(_, (id, _))| *id == leader)
+            .map(|(i, _)| *i)
+    }
+
+    /// Waits until the running members agree on a running leader (see
+    /// `leader`); panics after `timeout` with the log tails. A write sent
+    /// right after the leader died can be lost (a follower forwards it to
+    /// the dead leader) and time out: wait for this first.
+    pub fn wait_leader(&self, timeout: Duration) -> usize {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.leader() {
+                return l;
+            }
+            assert!(
+                Instant::now() < end,
+                "no leader among the running members after {timeout:?}:\n{}",
+                self.log_tails(20)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Waits until every running member is healthy (see `wait_healthy`).
