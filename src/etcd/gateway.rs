@@ -29,6 +29,10 @@ use super::{
 /// How long connecting to one member may take before the next is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a call keeps going round the endpoints while none can serve
+/// it (members restarting, a leader being elected: about a second).
+const RETRY_WINDOW: Duration = Duration::from_secs(3);
+
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 #[derive(Clone)]
@@ -37,6 +41,13 @@ pub struct Gateway {
     endpoints: Arc<Vec<String>>,
     /// The endpoint that answered last.
     preferred: Arc<AtomicUsize>,
+}
+
+/// How a round of the endpoints failed: for good, or with every endpoint
+/// unable to serve (their errors).
+enum Round {
+    Final(EtcdError),
+    Retryable(Vec<String>),
 }
 
 /// Why one attempt failed, and whether the next endpoint may be tried.
@@ -95,9 +106,39 @@ impl Gateway {
     }
 
     /// POSTs `body` to `path` on the endpoints in turn, bounded by the
-    /// deadline.
+    /// deadline; rounds of all endpoints are repeated, with a growing
+    /// pause, for [`RETRY_WINDOW`] while none can serve the call.
     async fn call(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, EtcdError> {
         let bytes = Bytes::from(serde_json::to_vec(body).expect("JSON values serialize"));
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let errors = match self.round(path, &bytes, deadline).await {
+                Ok(v) => return Ok(v),
+                Err(Round::Final(e)) => return Err(e),
+                Err(Round::Retryable(errors)) => errors,
+            };
+            let now = Instant::now();
+            let within = now.duration_since(started) + pause < RETRY_WINDOW;
+            if errors.is_empty() || !within || now + pause >= deadline {
+                if errors.is_empty() {
+                    return Err(EtcdError::Timeout(
+                        "the deadline passed before etcd could be asked".into(),
+                    ));
+                }
+                return Err(EtcdError::Unavailable(format!(
+                    "no etcd endpoint could serve the request: {}",
+                    errors.join("; ")
+                )));
+            }
+            tracing::debug!(%path, "no etcd endpoint could serve the request; again in {pause:?}");
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+        }
+    }
+
+    /// One round of the endpoints, from the one that answered last.
+    async fn round(&self, path: &str, bytes: &Bytes, deadline: Instant) -> Result<Value, Round> {
         let n = self.endpoints.len();
         let first = self.preferred.load(Ordering::Relaxed) % n;
         let mut errors = Vec::new();
@@ -118,27 +159,19 @@ impl Gateway {
                 Ok(Err(Failed { error, try_next })) => {
                     tracing::debug!(%endpoint, %path, "etcd request failed: {error}");
                     if !try_next {
-                        return Err(error);
+                        return Err(Round::Final(error));
                     }
                     errors.push(format!("{endpoint}: {error}"));
                 }
                 Err(_) => {
-                    return Err(EtcdError::Timeout(format!(
+                    return Err(Round::Final(EtcdError::Timeout(format!(
                         "no answer from etcd ({endpoint}{path}) within {:.1}s",
                         limit.as_secs_f64()
-                    )));
+                    ))));
                 }
             }
         }
-        if errors.is_empty() {
-            return Err(EtcdError::Timeout(
-                "the deadline passed before etcd could be asked".into(),
-            ));
-        }
-        Err(EtcdError::Unavailable(format!(
-            "no etcd endpoint answered: {}",
-            errors.join("; ")
-        )))
+        Err(Round::Retryable(errors))
     }
 
     async fn attempt(&self, endpoint: &str, path: &str, body: Bytes) -> Result<Value, Failed> {
@@ -353,11 +386,11 @@ fn classify(status: http::StatusCode, value: &Value) -> Failed {
         16 | 7 => (EtcdError::Unauthorized(text), false),
         // DeadlineExceeded.
         4 => (EtcdError::Timeout(text), false),
-        // Unavailable: a member without a leader has not applied anything.
-        14 => {
-            let no_leader = message.contains("no leader");
-            (EtcdError::Unavailable(text), no_leader)
-        }
+        // Unavailable: no leader, a leader change, or a proposal that timed
+        // out (lost with a leader that died). Every write is a transaction
+        // compared on a revision, so sending one again after an ambiguous
+        // failure cannot apply it twice: it fails its compare instead.
+        14 => (EtcdError::Unavailable(text), true),
         _ if message.contains("timed out") => (EtcdError::Timeout(text), false),
         _ => (EtcdError::Server(text), false),
     };
