@@ -84,6 +84,30 @@ impl Request {
     pub fn remaining(&self) -> std::time::Duration {
         self.deadline.saturating_duration_since(Instant::now())
     }
+
+    /// GC's `cni.dev/valid-attachments` (or the 1.1.0 tag's
+    /// `cni.dev/attachments`): `None` when neither key is given, so that a
+    /// GC without the list removes nothing.
+    pub fn valid_attachments(&self) -> Result<Option<Vec<Attachment>>> {
+        let Some(list) = VALID_ATTACHMENT_KEYS.iter().find_map(|k| self.raw.get(*k)) else {
+            return Ok(None);
+        };
+        serde_json::from_value(list.clone())
+            .map(Some)
+            .map_err(|e| Error::InvalidConfig(format!("invalid cni.dev/valid-attachments: {e}")))
+    }
+}
+
+/// The keys GC's list of valid attachments comes under (libcni sends both).
+pub const VALID_ATTACHMENT_KEYS: [&str; 2] = ["cni.dev/valid-attachments", "cni.dev/attachments"];
+
+/// One attachment GC must keep.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Deserialize)]
+pub struct Attachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    #[serde(default)]
+    pub ifname: String,
 }
 
 #[cfg(test)]

@@ -478,22 +478,26 @@ fn list(
     };
     // `name >= prefix` lets SQLite range-scan the primary key; the substr
     // test is exact (no LIKE wildcards to escape).
+    // A namespaced kind listed in namespace "" is listed in every one.
+    let every = kind.namespaced && namespace.is_empty();
     let mut statement = conn.prepare(
-        "SELECT name, revision, value FROM resources
-         WHERE kind = ?1 AND namespace = ?2 AND name >= ?3 AND substr(name, 1, length(?3)) = ?3
-         ORDER BY name",
+        "SELECT namespace, name, revision, value FROM resources
+         WHERE kind = ?1 AND (?4 OR namespace = ?2)
+           AND name >= ?3 AND substr(name, 1, length(?3)) = ?3
+         ORDER BY name, namespace",
     )?;
-    let rows = statement.query_map(params![kind.name, namespace, prefix], |row| {
+    let rows = statement.query_map(params![kind.name, namespace, prefix, every], |row| {
         Ok((
             row.get::<_, String>(0)?,
-            row.get::<_, i64>(1)?,
-            row.get::<_, String>(2)?,
+            row.get::<_, String>(1)?,
+            row.get::<_, i64>(2)?,
+            row.get::<_, String>(3)?,
         ))
     })?;
     let mut found = Vec::new();
     for row in rows {
-        let (name, revision, value) = row?;
-        let object = decode(kind, namespace, &name, revision, &value)?;
+        let (namespace, name, revision, value) = row?;
+        let object = decode(kind, &namespace, &name, revision, &value)?;
         if filter.labels().is_some() {
             let meta: ObjectMeta = serde_json::from_value(object["metadata"].clone())
                 .map_err(|e| DatastoreError::Other(format!("stored metadata is malformed: {e}")))?;

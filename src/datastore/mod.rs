@@ -216,8 +216,8 @@ pub trait Store: Send + Sync {
         name: &str,
     ) -> Result<Option<Value>, DatastoreError>;
 
-    /// The objects in `namespace` (`""` for cluster-scoped kinds) that pass
-    /// `filter`, sorted by name.
+    /// The objects in `namespace` (`""` for cluster-scoped kinds; for a
+    /// namespaced kind, every namespace) that pass `filter`, sorted by name.
     async fn list_objects(
         &self,
         kind: &'static Kind,

@@ -154,7 +154,8 @@ impl<'a> Driver<'a> {
             Command::Del => verbs::del(&call).await.map(|()| None),
             Command::Check => verbs::check(&call).await.map(|()| None),
             Command::Status => verbs::status(&call).await.map(|()| None),
-            Command::Gc | Command::Version => Ok(None),
+            Command::Gc => verbs::gc(&call).await.map(|()| None),
+            Command::Version => Ok(None),
         }
     }
 

@@ -10,11 +10,6 @@ use super::calico::verbs::{self, Call};
 
 /// Answers one calico-ipam verb.
 pub async fn handle(req: Request) -> Result<Option<CniResult>> {
-    if req.env.command == Command::Gc {
-        // Nothing is collected yet (the GC of valid attachments is its own
-        // piece of work): answering success never releases a live address.
-        return Ok(None);
-    }
     let host = verbs::node_name(&req);
     let prefix = req
         .env
@@ -39,6 +34,7 @@ pub async fn handle(req: Request) -> Result<Option<CniResult>> {
         Command::Del => verbs::del(&call).await.map(|()| None),
         Command::Check => verbs::check(&call).await.map(|()| None),
         Command::Status => verbs::status(&call).await.map(|()| None),
-        Command::Gc | Command::Version => unreachable!("answered above and at the edge"),
+        Command::Gc => verbs::gc(&call).await.map(|()| None),
+        Command::Version => unreachable!("answered at the edge"),
     }
 }

@@ -12,6 +12,7 @@ pub mod connection;
 pub mod context;
 mod del;
 mod del_k8s;
+pub mod gc;
 pub mod readiness;
 mod status;
 
@@ -23,7 +24,8 @@ pub use check::cmd_check;
 pub use context::Context;
 pub use del::cmd_del;
 pub use del_k8s::cmd_del_k8s;
-pub use status::{cmd_gc, cmd_status};
+pub use gc::cmd_gc;
+pub use status::cmd_status;
 
 /// Answers one calico verb.
 pub async fn handle(req: Request) -> Result<Option<CniResult>> {

@@ -1,4 +1,4 @@
-//! STATUS and GC (spec 1.1.0).
+//! STATUS (spec 1.1.0).
 
 use crate::cni::env::Command;
 use crate::cni::{Error, Result};
@@ -21,13 +21,4 @@ pub async fn cmd_status(ctx: &Context) -> Result<()> {
                 req.conf.ipam.kind
             ))
         })
-}
-
-/// GC: forwarded to the IPAM plugin (which owns the reservations); the
-/// endpoint records of this plugin are removed by DEL.
-pub async fn cmd_gc(ctx: &Context) -> Result<()> {
-    ctx.ipam()
-        .await?
-        .run_v11_verb(Command::Gc, &ctx.req.raw)
-        .await
 }

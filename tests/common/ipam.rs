@@ -436,9 +436,15 @@ impl World {
         }
     }
 
-    /// The WorkloadEndpoints of `namespace` (embedded store only).
+    /// The WorkloadEndpoints of `namespace` (embedded and etcd stores).
     pub fn endpoints(&self, namespace: &str) -> Vec<Value> {
-        let store = self.local.as_ref().expect("the embedded store");
+        if let Some(etcd) = &self.etcd {
+            let store = etcd.store();
+            let s: &dyn Store = &store;
+            return block_on(s.list_objects(WorkloadEndpoint::KIND, namespace, &ListFilter::All))
+                .unwrap();
+        }
+        let store = self.local.as_ref().expect("the embedded or etcd store");
         let s: &dyn Store = store;
         block_on(s.list_objects(WorkloadEndpoint::KIND, namespace, &ListFilter::All)).unwrap()
     }

@@ -15,7 +15,7 @@
 //! the handle write fails); release frees the block's addresses, then
 //! takes them off the handle.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
@@ -27,10 +27,10 @@ use super::pools::{
     SelectorLabels, USE_WORKLOAD, automatic_pools, blocks_for_host, host_seed, requested_pools,
 };
 use crate::datastore::ipam_model::{
-    AFFINITY_CONFIRMED, AFFINITY_PENDING, BlockAffinity, BlockAffinitySpec, IpPool, IpReservation,
-    IpamBlock, IpamConfig, IpamConfigSpec, IpamHandle, IpamHandleSpec, LABEL_AFFINITY_TYPE,
-    LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels, cidr_name, cidr_of_block_name,
-    hostname_hash,
+    AFFINITY_CONFIRMED, AFFINITY_PENDING, ATTR_NODE, BlockAffinity, BlockAffinitySpec, IpPool,
+    IpReservation, IpamBlock, IpamConfig, IpamConfigSpec, IpamHandle, IpamHandleSpec,
+    LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels, cidr_name,
+    cidr_of_block_name, hostname_hash,
 };
 use crate::datastore::{DatastoreError, ListFilter, Precondition, Resource, Store};
 
@@ -819,6 +819,32 @@ impl<'a> Allocator<'a> {
             }
         }
         Ok(out)
+    }
+
+    /// The handles holding an address allocated to this host (by the
+    /// allocation's `node` attribute) whose ID starts with `prefix`.
+    pub async fn host_handles(&self, prefix: &str) -> Result<BTreeSet<String>, IpamError> {
+        let blocks = self
+            .store
+            .list::<IpamBlock>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IPAM blocks"))?;
+        let mut found = BTreeSet::new();
+        for b in blocks.iter().filter(|b| !b.spec.deleted) {
+            for index in b.spec.allocations.iter().flatten() {
+                let Some(attr) = b.spec.attributes.get(*index) else {
+                    continue;
+                };
+                let on_host = attr.secondary.get(ATTR_NODE).map(String::as_str) == Some(self.host);
+                if let Some(h) = attr.handle_id.as_deref()
+                    && on_host
+                    && h.starts_with(prefix)
+                {
+                    found.insert(h.to_string());
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// Stamps the hostname-hash, affinity-type and ip-version labels on

@@ -265,6 +265,51 @@ pub async fn check(call: &Call<'_>) -> Result<()> {
     Ok(())
 }
 
+/// GC (spec 1.1.0): releases the handles of this network on this node
+/// (`<network>.<container ID>`, with an address attributed to this node)
+/// whose container is not among `cni.dev/valid-attachments`; without the
+/// list, nothing. Every stale handle is tried; the errors are reported
+/// together.
+pub async fn gc(call: &Call<'_>) -> Result<()> {
+    let req = call.req;
+    let Some(valid) = req.valid_attachments()? else {
+        tracing::info!("GC without cni.dev/valid-attachments: nothing is collected");
+        return Ok(());
+    };
+    let keep: std::collections::HashSet<&str> =
+        valid.iter().map(|a| a.container_id.as_str()).collect();
+    let prefix = format!("{}.", req.conf.name);
+    let allocator = Allocator::new(call.store, call.host);
+    let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
+    let work = async {
+        let _lock = lock::acquire(&lock_file, call.deadline).await;
+        let handles = allocator.host_handles(&prefix).await?;
+        let mut errors = Vec::new();
+        for handle in handles {
+            let cid = &handle[prefix.len()..];
+            if keep.contains(cid) {
+                continue;
+            }
+            match allocator.release_by_handle(&handle).await {
+                Ok(n) => tracing::info!(%handle, released = ?n, "GC released a stale allocation"),
+                Err(e) => errors.push(format!("{handle}: {e}")),
+            }
+        }
+        Ok::<_, IpamError>(errors)
+    };
+    let errors = tokio::time::timeout_at(call.deadline, work)
+        .await
+        .map_err(|_| timed_out("garbage collection"))??;
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Ipam(format!(
+            "calico-ipam GC could not release: {}",
+            errors.join("; ")
+        )))
+    }
+}
+
 /// STATUS: the datastore answers and an enabled pool exists.
 pub async fn status(call: &Call<'_>) -> Result<()> {
     let pools =

@@ -1,0 +1,256 @@
+//! The etcd client's transport on the etcd-client crate (gRPC over tonic):
+//! built only with the `etcd-grpc` feature, to measure it against the
+//! gateway (BENCHMARKS.md, "etcd client: gRPC gateway vs etcd-client").
+//!
+//! The same surface as [`super::gateway::Gateway`]. Every endpoint goes
+//! to the crate's balanced channel (it picks a ready member; a failed
+//! request is not retried, so a transaction is never sent twice); TLS
+//! with the CA (else the system's roots) and the client certificate (the
+//! files checked by `tls.rs` as the gateway does);
+//! every call bounded by the deadline and [`REQUEST_TIMEOUT`]. The crate's
+//! `connect` must run on the runtime (it spawns the balancer), so the
+//! files are read here and the client is made at the first request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, TxnOpResponse,
+};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use super::{
+    Compare, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, REQUEST_TIMEOUT, Txn, TxnResponse,
+};
+
+/// How long connecting to one member may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
+pub struct Grpc {
+    endpoints: Arc<Vec<String>>,
+    options: ConnectOptions,
+    client: Arc<OnceCell<Client>>,
+}
+
+fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, EtcdError> {
+    std::fs::read(path)
+        .map_err(|e| EtcdError::Config(format!("reading {what} {}: {e}", path.display())))
+}
+
+impl Grpc {
+    pub fn new(conf: &EtcdConfig) -> Result<Grpc, EtcdError> {
+        let https = conf.endpoints.iter().any(|e| e.starts_with("https://"));
+        for e in &conf.endpoints {
+            if !(e.starts_with("https://") || e.starts_with("http://")) {
+                return Err(EtcdError::Config(format!(
+                    "etcd endpoint {e:?} is not an http:// or https:// URL"
+                )));
+            }
+            if https && e.starts_with("http://") {
+                return Err(EtcdError::Config(
+                    "etcd endpoints mix http:// and https:// URLs".into(),
+                ));
+            }
+        }
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_require_leader(true);
+        if https {
+            // Parsed as the gateway parses them, for the same Config errors
+            // now: tonic would only fail at the first connection.
+            super::tls::client_config(conf)?;
+            let mut tls = TlsOptions::new();
+            tls = match &conf.ca_cert_file {
+                Some(ca) => {
+                    tls.ca_certificate(Certificate::from_pem(read(ca, "etcd_ca_cert_file")?))
+                }
+                None => tls.with_native_roots(),
+            };
+            if let (Some(cert), Some(key)) = (&conf.cert_file, &conf.key_file) {
+                let cert = read(cert, "etcd_cert_file")?;
+                let key = read(key, "etcd_key_file")?;
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(tls);
+        }
+        Ok(Grpc {
+            endpoints: Arc::new(
+                conf.endpoints
+                    .iter()
+                    .map(|e| e.trim_end_matches('/').to_string())
+                    .collect(),
+            ),
+            options,
+            client: Arc::new(OnceCell::new()),
+        })
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// Runs `call` on the client, bounded by the deadline.
+    async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, call: F) -> Result<T, EtcdError>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(EtcdError::Timeout(
+                "the deadline passed before etcd could be asked".into(),
+            ));
+        }
+        let limit = remaining.min(REQUEST_TIMEOUT);
+        let attempt = async {
+            let client = self
+                .client
+                .get_or_try_init(|| {
+                    Client::connect(self.endpoints.as_slice(), Some(self.options.clone()))
+                })
+                .await?;
+            call(client.clone()).await
+        };
+        match tokio::time::timeout(limit, attempt).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                tracing::debug!(%what, "etcd request failed: {e}");
+                Err(classify(e))
+            }
+            Err(_) => Err(EtcdError::Timeout(format!(
+                "no answer from etcd ({what}) within {:.1}s",
+                limit.as_secs_f64()
+            ))),
+        }
+    }
+
+    pub async fn range(
+        &self,
+        key: &str,
+        range_end: Option<&[u8]>,
+        keys_only: bool,
+        deadline: Instant,
+    ) -> Result<Vec<KeyValue>, EtcdError> {
+        let mut options = GetOptions::new();
+        if let Some(end) = range_end {
+            options = options.with_range(end);
+        }
+        if keys_only {
+            options = options.with_keys_only();
+        }
+        let mut answer = self
+            .call("range", deadline, |mut c| async move {
+                c.get(key, Some(options)).await
+            })
+            .await?;
+        answer.take_kvs().into_iter().map(key_value).collect()
+    }
+
+    pub async fn txn(&self, txn: &Txn, deadline: Instant) -> Result<TxnResponse, EtcdError> {
+        let request = etcd_client::Txn::new()
+            .when(txn.compare.iter().map(compare).collect::<Vec<_>>())
+            .and_then(txn.success.iter().map(op).collect::<Vec<_>>())
+            .or_else(txn.failure.iter().map(op).collect::<Vec<_>>());
+        let answer = self
+            .call("txn", deadline, |mut c| async move { c.txn(request).await })
+            .await?;
+        let mut responses = Vec::new();
+        for r in answer.op_responses() {
+            responses.push(match r {
+                TxnOpResponse::Put(_) => OpResponse::Put,
+                TxnOpResponse::Get(mut g) => {
+                    OpResponse::Get(g.take_kvs().pop().map(key_value).transpose()?)
+                }
+                TxnOpResponse::Delete(d) => OpResponse::Delete(d.deleted()),
+                TxnOpResponse::Txn(_) => {
+                    return Err(EtcdError::Server(
+                        "etcd answered a nested transaction it was not sent".into(),
+                    ));
+                }
+            });
+        }
+        Ok(TxnResponse {
+            succeeded: answer.succeeded(),
+            revision: answer.header().map(|h| h.revision()).unwrap_or_default(),
+            responses,
+        })
+    }
+
+    pub async fn status(&self, deadline: Instant) -> Result<String, EtcdError> {
+        let answer = self
+            .call("status", deadline, |mut c| async move { c.status().await })
+            .await?;
+        let version = answer.version();
+        let leader = answer.leader();
+        if leader == 0 {
+            return Err(EtcdError::Unavailable(format!(
+                "etcd {version} answers but has no leader"
+            )));
+        }
+        Ok(format!("etcd {version}, leader {leader:x}"))
+    }
+}
+
+fn key_value(kv: etcd_client::KeyValue) -> Result<KeyValue, EtcdError> {
+    let (create_revision, mod_revision) = (kv.create_revision(), kv.mod_revision());
+    let (key, value) = kv.into_key_value();
+    let key = String::from_utf8(key)
+        .map_err(|_| EtcdError::Server("etcd returned a malformed key".into()))?;
+    Ok(KeyValue {
+        key,
+        value,
+        create_revision,
+        mod_revision,
+    })
+}
+
+fn compare(c: &Compare) -> etcd_client::Compare {
+    match c {
+        Compare::Version(key, version) => {
+            etcd_client::Compare::version(key.as_str(), CompareOp::Equal, *version)
+        }
+        Compare::ModRevision(key, revision) => {
+            etcd_client::Compare::mod_revision(key.as_str(), CompareOp::Equal, *revision)
+        }
+    }
+}
+
+fn op(op: &Op) -> etcd_client::TxnOp {
+    match op {
+        Op::Put(key, value) => etcd_client::TxnOp::put(key.as_str(), value.as_slice(), None),
+        Op::Get(key) => etcd_client::TxnOp::get(key.as_str(), None),
+        Op::Delete(key) => etcd_client::TxnOp::delete(key.as_str(), None),
+    }
+}
+
+/// The crate's error as one of ours, with its causes.
+fn classify(e: etcd_client::Error) -> EtcdError {
+    use etcd_client::Error as E;
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    match &e {
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => {
+            EtcdError::Config(text)
+        }
+        E::TransportError(_) | E::IoError(_) | E::EndpointError(_) => EtcdError::Unavailable(text),
+        // gRPC codes, as in gateway.rs (tonic is not ours to name).
+        E::GRpcStatus(status) => match i32::from(status.code()) {
+            // Unauthenticated, PermissionDenied.
+            16 | 7 => EtcdError::Unauthorized(text),
+            // DeadlineExceeded.
+            4 => EtcdError::Timeout(text),
+            // Unavailable (no leader, member unreachable).
+            14 => EtcdError::Unavailable(text),
+            _ if status.message().contains("timed out") => EtcdError::Timeout(text),
+            _ => EtcdError::Server(text),
+        },
+        _ => EtcdError::Server(text),
+    }
+}

@@ -1,0 +1,131 @@
+//! GC (spec 1.1.0): what this network left on this node for attachments
+//! that are not among `cni.dev/valid-attachments` is removed — the
+//! WorkloadEndpoint records (on the embedded and etcd datastores; on the
+//! Kubernetes datastore the record is the pod, which is not ours to
+//! remove), their host veths, and the IPAM allocations (calico-ipam's
+//! handles of this network on this node; a delegated IPAM gets GC with
+//! the same list). Without the list nothing is removed. Every item is
+//! tried; the errors are reported together at the end.
+
+use std::collections::HashSet;
+
+use crate::cni::env::Command;
+use crate::cni::request::Attachment;
+use crate::cni::{Error, Result};
+use crate::dataplane::linux::delete_host_veth;
+use crate::datastore::model::WorkloadEndpoint;
+use crate::datastore::{ListFilter, Precondition};
+use crate::plugin::context::Context;
+
+/// cmdGC.
+pub async fn cmd_gc(ctx: &Context) -> Result<()> {
+    let mut errors = Vec::new();
+    match ctx.req.valid_attachments()? {
+        Some(valid) => {
+            if let Err(e) = remove_stale_endpoints(ctx, &valid).await {
+                errors.push(e.to_string());
+            }
+        }
+        None => tracing::info!("GC without cni.dev/valid-attachments: nothing is collected"),
+    }
+    // The IPAM's own GC, with the same list (it decides without one).
+    let ipam = match ctx.ipam().await {
+        Ok(ipam) => ipam.run_v11_verb(Command::Gc, &ctx.req.raw).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = ipam {
+        errors.push(e.to_string());
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Datastore(format!("GC: {}", errors.join("; "))))
+    }
+}
+
+/// Whether `wep` is one of this network's: a plain CNI endpoint carries the
+/// network's profile; a Kubernetes one is this network's when calico-ipam
+/// of this network allocated for its container.
+fn of_this_network(ctx: &Context, wep: &WorkloadEndpoint, ours: &HashSet<String>) -> bool {
+    let network = &ctx.req.conf.name;
+    match wep.spec.orchestrator.as_str() {
+        "k8s" => ours.contains(&wep.spec.container_id),
+        _ => wep.spec.profiles.iter().any(|p| p == network),
+    }
+}
+
+/// The stale endpoints of this node and network, with their host veths.
+async fn remove_stale_endpoints(ctx: &Context, valid: &[Attachment]) -> Result<()> {
+    let store = ctx.store().await?;
+    if ctx.kdd().is_some() {
+        return Ok(());
+    }
+    let keep: HashSet<(&str, &str)> = valid
+        .iter()
+        .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
+        .collect();
+    let kept_containers: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
+    // Containers calico-ipam of this network allocated for on this node.
+    let ours: HashSet<String> = if ctx.req.conf.ipam.kind == "calico-ipam" {
+        let prefix = format!("{}.", ctx.req.conf.name);
+        crate::ipam::calico::allocator::Allocator::new(store.as_ref(), &ctx.node)
+            .host_handles(&prefix)
+            .await
+            .map_err(Error::from)?
+            .into_iter()
+            .map(|h| h[prefix.len()..].to_string())
+            .collect()
+    } else {
+        HashSet::new()
+    };
+    let endpoints = store
+        .list::<WorkloadEndpoint>("", &ListFilter::All)
+        .await
+        .map_err(|e| e.context("error listing WorkloadEndpoints"))?;
+    let mut errors = Vec::new();
+    for wep in endpoints {
+        let spec = &wep.spec;
+        let stale = spec.node == ctx.node
+            && !spec.container_id.is_empty()
+            && !keep.contains(&(spec.container_id.as_str(), spec.endpoint.as_str()))
+            && of_this_network(ctx, &wep, &ours);
+        if !stale {
+            continue;
+        }
+        // The host veth: when no valid attachment of the same container
+        // could be using it.
+        if !spec.interface_name.is_empty() && !kept_containers.contains(spec.container_id.as_str())
+        {
+            match delete_host_veth(&spec.interface_name).await {
+                Ok(true) => {
+                    tracing::info!(veth = %spec.interface_name, "GC removed a stale host veth")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    errors.push(format!("host veth {}: {e}", spec.interface_name));
+                    continue;
+                }
+            }
+        }
+        let pre = Precondition {
+            resource_version: Some(wep.metadata.resource_version.clone()).filter(|v| !v.is_empty()),
+            uid: Some(wep.metadata.uid.clone()).filter(|v| !v.is_empty()),
+        };
+        match store
+            .delete::<WorkloadEndpoint>(&wep.metadata.namespace, &wep.metadata.name, &pre)
+            .await
+        {
+            Ok(()) | Err(crate::datastore::DatastoreError::NotFound(_)) => tracing::info!(
+                endpoint = %wep.metadata.name,
+                container = %spec.container_id,
+                "GC removed a stale WorkloadEndpoint"
+            ),
+            Err(e) => errors.push(format!("WorkloadEndpoint {}: {e}", wep.metadata.name)),
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Datastore(errors.join("; ")))
+    }
+}

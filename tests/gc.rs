@@ -1,0 +1,187 @@
+//! GC (spec 1.1.0) with `cni.dev/valid-attachments`: what this network
+//! left on this node for attachments not in the list goes (the endpoint
+//! record, the host veth, the calico-ipam allocation); another network's,
+//! another node's and the valid attachments' stay; without the list
+//! nothing goes; GC is idempotent. On the embedded store and on the test
+//! bed's etcd cluster through the `calico` plugin, and through the
+//! `calico-ipam` personality on the Kubernetes datastore too.
+
+mod common;
+
+use common::ipam::{Backend, World, address};
+use common::*;
+use serde_json::{Value, json};
+
+fn gc_conf(w: &World, valid: &[&str]) -> Value {
+    let mut conf = w.conf();
+    conf["cniVersion"] = json!("1.1.0");
+    let list: Vec<Value> = valid
+        .iter()
+        .map(|c| json!({"containerID": c, "ifname": "eth0"}))
+        .collect();
+    conf["cni.dev/valid-attachments"] = json!(list);
+    conf
+}
+
+fn gc(w: &World, conf: &Value) -> Outcome {
+    w.plugin("GC", "", "", conf, "", None)
+}
+
+fn cids_of_endpoints(w: &World) -> Vec<String> {
+    let mut cids: Vec<String> = w
+        .endpoints("default")
+        .iter()
+        .map(|e| e["spec"]["containerID"].as_str().unwrap().to_string())
+        .collect();
+    cids.sort();
+    cids
+}
+
+fn plugin_gc(test: &str, backend: Backend) {
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(w) = World::new(test, backend) else {
+        return;
+    };
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let conf = w.conf();
+    let mut other_net = conf.clone();
+    other_net["name"] = json!("net2");
+    let (na, nb, nc, nd) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
+    let (a, b, c, d) = (
+        container_id(),
+        container_id(),
+        container_id(),
+        container_id(),
+    );
+    let mut ips = Vec::new();
+    for (cid, ns, conf) in [
+        (&a, &na, &conf),
+        (&b, &nb, &conf),
+        (&c, &nc, &conf),
+        (&d, &nd, &other_net),
+    ] {
+        let r = w
+            .plugin("ADD", cid, &ns.path(), conf, "", None)
+            .assert_ok()
+            .json();
+        ips.push(address(&r, 0).addr());
+    }
+    // Another node's allocation of this network (embedded store: its
+    // pools select every node).
+    let other_node = container_id();
+    if backend == Backend::Embedded {
+        let mut conf = w.conf();
+        conf["nodename"] = json!("node-other");
+        w.ipam("ADD", &other_node, &conf, "").assert_ok();
+    }
+    let mut all = vec![a.clone(), b.clone(), c.clone(), d.clone()];
+    all.sort();
+    assert_eq!(cids_of_endpoints(&w), all);
+
+    // Without the list: nothing goes.
+    let mut bare = w.conf();
+    bare["cniVersion"] = json!("1.1.0");
+    gc(&w, &bare).assert_ok();
+    assert_eq!(cids_of_endpoints(&w), all);
+    assert_eq!(w.addresses_of(&format!("net1.{b}")), [ips[1]]);
+
+    // A and C valid: B's record, veth and address go; D (net2) and the
+    // other node's allocation stay.
+    gc(&w, &gc_conf(&w, &[&a, &c])).assert_ok();
+    let mut left = vec![a.clone(), c.clone(), d.clone()];
+    left.sort();
+    assert_eq!(cids_of_endpoints(&w), left);
+    assert!(w.handle(&format!("net1.{b}")).is_none(), "B's handle kept");
+    assert!(w.addresses_of(&format!("net1.{b}")).is_empty());
+    assert!(!host_link_exists(&host_veth(&b)), "B's host veth kept");
+    assert!(nb.link("eth0").is_none(), "B's pod interface kept");
+    assert_eq!(w.addresses_of(&format!("net1.{a}")), [ips[0]]);
+    assert_eq!(w.addresses_of(&format!("net1.{c}")), [ips[2]]);
+    assert_eq!(w.addresses_of(&format!("net2.{d}")), [ips[3]]);
+    assert!(host_link_exists(&host_veth(&a)) && host_link_exists(&host_veth(&d)));
+    if backend == Backend::Embedded {
+        assert_eq!(w.addresses_of(&format!("net1.{other_node}")).len(), 1);
+    }
+    // Idempotent.
+    gc(&w, &gc_conf(&w, &[&a, &c])).assert_ok();
+    assert_eq!(cids_of_endpoints(&w), left);
+
+    for (cid, ns, conf) in [
+        (&a, &na, &conf),
+        (&b, &nb, &conf),
+        (&c, &nc, &conf),
+        (&d, &nd, &other_net),
+    ] {
+        w.plugin("DEL", cid, &ns.path(), conf, "", None).assert_ok();
+    }
+    if backend == Backend::Embedded {
+        let mut conf = w.conf();
+        conf["nodename"] = json!("node-other");
+        w.ipam("DEL", &other_node, &conf, "").assert_ok();
+    }
+    assert!(cids_of_endpoints(&w).is_empty());
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+
+#[test]
+fn gc_through_the_plugin_on_the_embedded_store() {
+    plugin_gc(
+        "gc_through_the_plugin_on_the_embedded_store",
+        Backend::Embedded,
+    );
+}
+
+#[test]
+fn gc_through_the_plugin_on_etcd() {
+    plugin_gc("gc_through_the_plugin_on_etcd", Backend::Etcd);
+}
+
+/// calico-ipam's GC alone (exec'd): stale handles of this network and
+/// node are released, the rest kept.
+fn ipam_gc(test: &str, backend: Backend) {
+    let Some(w) = World::new(test, backend) else {
+        return;
+    };
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let (a, b) = (container_id(), container_id());
+    for cid in [&a, &b] {
+        w.ipam("ADD", cid, &w.conf(), "").assert_ok();
+    }
+    let mut net2 = w.conf();
+    net2["name"] = json!("net2");
+    let c = container_id();
+    w.ipam("ADD", &c, &net2, "").assert_ok();
+
+    let mut bare = w.conf();
+    bare["cniVersion"] = json!("1.1.0");
+    w.ipam("GC", "", &bare, "").assert_ok();
+    assert_eq!(w.addresses_of(&format!("net1.{b}")).len(), 1);
+
+    w.ipam("GC", "", &gc_conf(&w, &[&a]), "").assert_ok();
+    assert_eq!(w.addresses_of(&format!("net1.{a}")).len(), 1);
+    assert!(w.addresses_of(&format!("net1.{b}")).is_empty());
+    assert!(w.handle(&format!("net1.{b}")).is_none());
+    assert_eq!(w.addresses_of(&format!("net2.{c}")).len(), 1);
+    w.ipam("GC", "", &gc_conf(&w, &[&a]), "").assert_ok();
+
+    w.ipam("DEL", &a, &w.conf(), "").assert_ok();
+    w.ipam("DEL", &c, &net2, "").assert_ok();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+
+#[test]
+fn calico_ipam_gc_on_the_embedded_store() {
+    ipam_gc("calico_ipam_gc_on_the_embedded_store", Backend::Embedded);
+}
+
+#[test]
+fn calico_ipam_gc_on_the_kubernetes_datastore() {
+    ipam_gc("calico_ipam_gc_on_the_kubernetes_datastore", Backend::Kdd);
+}
+
+#[test]
+fn calico_ipam_gc_on_etcd() {
+    ipam_gc("calico_ipam_gc_on_etcd", Backend::Etcd);
+}
