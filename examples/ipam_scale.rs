@@ -436,7 +436,12 @@ async fn coordinate(o: Options) -> Result<bool, Failure> {
     for w in 0..o.procs {
         let child = Command::new(&exe)
             .args(["--backend", &o.backend, "--run", &o.run])
-            .args(["--nodes", &o.nodes.to_string(), "--pods", &o.pods.to_string()])
+            .args([
+                "--nodes",
+                &o.nodes.to_string(),
+                "--pods",
+                &o.pods.to_string(),
+            ])
             .args(["--procs", &o.procs.to_string()])
             .args(["--concurrency", &o.concurrency.to_string()])
             .args(["--pool", &o.pool.to_string(), "--worker", &w.to_string()])
@@ -481,7 +486,12 @@ async fn coordinate(o: Options) -> Result<bool, Failure> {
         .list::<IpamBlock>("", &ListFilter::All)
         .await?
         .iter()
-        .filter(|b| b.spec.cidr.parse::<IpNet>().is_ok_and(|c| o.pool.contains(&c)))
+        .filter(|b| {
+            b.spec
+                .cidr
+                .parse::<IpNet>()
+                .is_ok_and(|c| o.pool.contains(&c))
+        })
         .map(|b| b.spec.allocations.iter().filter(|a| a.is_some()).count())
         .sum();
     let released_at = Instant::now();

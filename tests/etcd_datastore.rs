@@ -363,8 +363,15 @@ fn a_kubernetes_pod_on_the_etcd_datastore() {
     let handle = format!("net1.{cid}");
     assert_eq!(w.addresses_of(&handle), [ip.addr()]);
 
-    w.plugin("CHECK", &cid, &netns.path(), &with_prev(&conf, &r), &args, None)
-        .assert_ok();
+    w.plugin(
+        "CHECK",
+        &cid,
+        &netns.path(),
+        &with_prev(&conf, &r),
+        &args,
+        None,
+    )
+    .assert_ok();
     w.plugin("DEL", &cid, &netns.path(), &conf, &args, None)
         .assert_ok();
     assert!(a.get(&key).is_none(), "the endpoint key is left");
