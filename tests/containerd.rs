@@ -75,6 +75,7 @@ impl Plugin {
             "datastore_type": "kubernetes",
             "nodename": self.node,
             "mtu_file": self.dir.path().join("mtu"),
+            "release_queue_dir": self.dir.path().join("release-queue"),
             "kubernetes": {"kubeconfig": bed.cni_kubeconfig()},
             "policy": {"type": "k8s"},
             "ipam": {

@@ -1204,6 +1204,7 @@ fn base_conf(dir: &Path, node: &str) -> Value {
         "log_file_path": dir.join("log/cni.log"),
         "nodename": node,
         "mtu_file": dir.join("mtu"),
+        "release_queue_dir": dir.join("release-queue"),
         "ipam_lock_file": dir.join(format!("lock-{node}")),
         "ipam": {"type": "calico-ipam"},
     })

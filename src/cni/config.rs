@@ -17,6 +17,8 @@ use crate::k8s::K8sConfig;
 pub const DEFAULT_NODENAME_FILE: &str = "/var/lib/calico/nodename";
 pub const DEFAULT_MTU_FILE: &str = "/var/lib/calico/mtu";
 pub const DEFAULT_LOCAL_DATASTORE: &str = "/var/lib/calico/cni-datastore.db";
+/// Where DELs that could not reach the datastore record what they owe.
+pub const DEFAULT_RELEASE_QUEUE_DIR: &str = "/var/lib/calico/cni-release-queue";
 pub const DEFAULT_DEADLINE_SECONDS: f64 = 30.0;
 /// The longest `deadline_seconds` accepted: an hour, far past any
 /// runtime's own timeout (kubelet's is 2 minutes).
@@ -152,6 +154,8 @@ pub struct NetConf {
     pub mtu_file: String,
     /// The embedded datastore's file (datastore_type `local`).
     pub local_datastore_path: String,
+    /// The durable queue of releases owed by DELs that could not finish.
+    pub release_queue_dir: String,
 }
 
 impl Default for NetConf {
@@ -208,6 +212,7 @@ impl Default for NetConf {
             deadline_seconds: DEFAULT_DEADLINE_SECONDS,
             mtu_file: String::new(),
             local_datastore_path: String::new(),
+            release_queue_dir: String::new(),
         }
     }
 }
@@ -299,6 +304,7 @@ const NETCONF_KEYS: Schema = &[
     Field("deadline_seconds", None),
     Field("mtu_file", None),
     Field("local_datastore_path", None),
+    Field("release_queue_dir", None),
 ];
 
 /// Rewrites `obj`'s keys to the schema's spelling the way Go's decoder
@@ -379,6 +385,18 @@ impl NetConf {
         } else {
             &self.local_datastore_path
         })
+    }
+
+    /// `release_queue_dir`; else `cni-release-queue` beside the embedded
+    /// datastore when its path is configured; else the default.
+    pub fn release_queue_dir(&self) -> PathBuf {
+        if !self.release_queue_dir.is_empty() {
+            return PathBuf::from(&self.release_queue_dir);
+        }
+        match Path::new(&self.local_datastore_path).parent() {
+            Some(dir) if !self.local_datastore_path.is_empty() => dir.join("cni-release-queue"),
+            _ => PathBuf::from(DEFAULT_RELEASE_QUEUE_DIR),
+        }
     }
 
     /// Number of veth tx/rx queues (≤ 0 means 1).
@@ -473,19 +491,23 @@ impl NetConf {
     }
 }
 
+/// Whether a config key holds a secret (its value is never logged).
+fn is_secret_key(key: &str) -> bool {
+    let lk = key.to_ascii_lowercase();
+    lk.contains("token")
+        || lk.contains("password")
+        || lk.ends_with("key")
+        || lk.ends_with("-data")
+        || lk == "kubeconfig_inline"
+}
+
 /// A copy of the raw config with secrets masked, for debug logging.
 pub fn redacted(raw: &Value) -> Value {
     match raw {
         Value::Object(m) => Value::Object(
             m.iter()
                 .map(|(k, v)| {
-                    let lk = k.to_ascii_lowercase();
-                    let secret = lk.contains("token")
-                        || lk.contains("password")
-                        || lk.ends_with("key")
-                        || lk.ends_with("-data")
-                        || lk == "kubeconfig_inline";
-                    let v = if secret && !v.is_null() {
+                    let v = if is_secret_key(k) && !v.is_null() {
                         Value::String("<redacted>".into())
                     } else {
                         redacted(v)
@@ -497,6 +519,39 @@ pub fn redacted(raw: &Value) -> Value {
         Value::Array(a) => Value::Array(a.iter().map(redacted).collect()),
         other => other.clone(),
     }
+}
+
+/// The strings `redacted` masks in `raw`, as they are and JSON-escaped.
+fn secret_strings(raw: &Value, under_secret: bool, out: &mut Vec<String>) {
+    match raw {
+        Value::Object(m) => {
+            for (k, v) in m {
+                secret_strings(v, under_secret || is_secret_key(k), out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| secret_strings(v, under_secret, out)),
+        Value::String(s) if under_secret && !s.is_empty() => {
+            let escaped = Value::String(s.clone()).to_string();
+            let escaped = &escaped[1..escaped.len() - 1];
+            if escaped != s {
+                out.push(escaped.to_string());
+            }
+            out.push(s.clone());
+        }
+        _ => {}
+    }
+}
+
+/// `text` with every secret of the config `raw` masked: for what a
+/// delegated plugin, which is given the whole config, prints.
+pub fn redact_text(text: &str, raw: &Value) -> String {
+    let mut secrets = Vec::new();
+    secret_strings(raw, false, &mut secrets);
+    // Longest first: a secret that contains another is masked whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets
+        .iter()
+        .fold(text.to_string(), |t, s| t.replace(s.as_str(), "<redacted>"))
 }
 
 #[cfg(test)]
@@ -635,6 +690,22 @@ mod tests {
         let s = v.to_string();
         assert!(!s.contains("s3cret") && !s.contains("abc"), "{s}");
         assert!(s.contains("/k"), "file paths are not secrets: {s}");
+    }
+
+    #[test]
+    fn redaction_of_text() {
+        let raw = json!({"policy": {"k8s_auth_token": "s3cret\"tok"}, "name": "net1",
+            "ipam": {"client-key-data": "abc", "type": "host-local"}});
+        let text = format!("got {raw} and s3cret\"tok, abc");
+        let masked = redact_text(&text, &raw);
+        assert!(
+            !masked.contains("s3cret") && !masked.contains("abc"),
+            "{masked}"
+        );
+        assert!(
+            masked.contains("net1") && masked.contains("host-local"),
+            "{masked}"
+        );
     }
 }
 

@@ -299,7 +299,11 @@ impl Running<'_> {
             "delegated plugin finished"
         );
         if !output.stderr.is_empty() {
-            let text = String::from_utf8_lossy(&output.stderr);
+            // The plugin was given the whole config: what it prints may
+            // hold its secrets (a plugin that echoes its config, say).
+            let config = serde_json::from_slice::<Value>(stdin).unwrap_or_default();
+            let text =
+                crate::cni::config::redact_text(&String::from_utf8_lossy(&output.stderr), &config);
             tracing::debug!(
                 plugin = delegate.plugin,
                 "delegated plugin stderr: {}",

@@ -2,16 +2,21 @@
 //! built only with the `etcd-grpc` feature, to measure it against the
 //! gateway (BENCHMARKS.md, "etcd client: gRPC gateway vs etcd-client").
 //!
-//! The same surface as [`super::gateway::Gateway`]. Every endpoint goes
-//! to the crate's balanced channel (it picks a ready member; a failed
-//! request is not retried, so a transaction is never sent twice); TLS
-//! with the CA (else the system's roots) and the client certificate (the
-//! files checked by `tls.rs` as the gateway does);
-//! every call bounded by the deadline and [`REQUEST_TIMEOUT`]. The crate's
-//! `connect` must run on the runtime (it spawns the balancer), so the
-//! files are read here and the client is made at the first request.
+//! The same surface and semantics as [`super::gateway::Gateway`]: the
+//! endpoints are tried in turn, starting from the last one that answered,
+//! and a request moves on only when it certainly did not reach the member
+//! (no connection) or the member has no leader, so a transaction is never
+//! sent twice. Each endpoint has a client of its own: the crate's balanced
+//! channel over all of them fails a request sent to a member that is down
+//! (etcdv3/etcd-client#39) and connects to every member at once. TLS with
+//! the CA (else the system's roots) and the client certificate (the files
+//! checked by `tls.rs`, as the gateway does); every call bounded by the
+//! deadline and [`REQUEST_TIMEOUT`]. The crate's `connect` must run on the
+//! runtime (it spawns the channel's worker), so a client is made at the
+//! first request to its endpoint.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
@@ -31,7 +36,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Grpc {
     endpoints: Arc<Vec<String>>,
     options: ConnectOptions,
-    client: Arc<OnceCell<Client>>,
+    /// One client per endpoint, made at its first use.
+    clients: Arc<Vec<OnceCell<Client>>>,
+    /// The endpoint that answered last.
+    preferred: Arc<AtomicUsize>,
 }
 
 fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, EtcdError> {
@@ -83,7 +91,8 @@ impl Grpc {
                     .collect(),
             ),
             options,
-            client: Arc::new(OnceCell::new()),
+            clients: Arc::new(conf.endpoints.iter().map(|_| OnceCell::new()).collect()),
+            preferred: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -91,39 +100,60 @@ impl Grpc {
         &self.endpoints
     }
 
-    /// Runs `call` on the client, bounded by the deadline.
+    /// Runs `call` on the endpoints' clients in turn, bounded by the
+    /// deadline.
     async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, call: F) -> Result<T, EtcdError>
     where
-        F: FnOnce(Client) -> Fut,
+        F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if remaining.is_zero() {
+        let n = self.endpoints.len();
+        let first = self.preferred.load(Ordering::Relaxed) % n;
+        let mut errors = Vec::new();
+        for i in 0..n {
+            let index = (first + i) % n;
+            let endpoint = &self.endpoints[index];
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                break;
+            }
+            let limit = remaining.min(REQUEST_TIMEOUT);
+            let attempt = async {
+                let client = self.clients[index]
+                    .get_or_try_init(|| Client::connect([endpoint], Some(self.options.clone())))
+                    .await?;
+                call(client.clone()).await
+            };
+            match tokio::time::timeout(limit, attempt).await {
+                Ok(Ok(v)) => {
+                    self.preferred.store(index, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(%endpoint, %what, "etcd request failed: {e}");
+                    let (error, try_next) = classify(e);
+                    if !try_next {
+                        return Err(error);
+                    }
+                    errors.push(format!("{endpoint}: {error}"));
+                }
+                Err(_) => {
+                    return Err(EtcdError::Timeout(format!(
+                        "no answer from etcd ({endpoint}, {what}) within {:.1}s",
+                        limit.as_secs_f64()
+                    )));
+                }
+            }
+        }
+        if errors.is_empty() {
             return Err(EtcdError::Timeout(
                 "the deadline passed before etcd could be asked".into(),
             ));
         }
-        let limit = remaining.min(REQUEST_TIMEOUT);
-        let attempt = async {
-            let client = self
-                .client
-                .get_or_try_init(|| {
-                    Client::connect(self.endpoints.as_slice(), Some(self.options.clone()))
-                })
-                .await?;
-            call(client.clone()).await
-        };
-        match tokio::time::timeout(limit, attempt).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                tracing::debug!(%what, "etcd request failed: {e}");
-                Err(classify(e))
-            }
-            Err(_) => Err(EtcdError::Timeout(format!(
-                "no answer from etcd ({what}) within {:.1}s",
-                limit.as_secs_f64()
-            ))),
-        }
+        Err(EtcdError::Unavailable(format!(
+            "no etcd endpoint answered: {}",
+            errors.join("; ")
+        )))
     }
 
     pub async fn range(
@@ -141,8 +171,9 @@ impl Grpc {
             options = options.with_keys_only();
         }
         let mut answer = self
-            .call("range", deadline, |mut c| async move {
-                c.get(key, Some(options)).await
+            .call("range", deadline, |mut c| {
+                let options = options.clone();
+                async move { c.get(key, Some(options)).await }
             })
             .await?;
         answer.take_kvs().into_iter().map(key_value).collect()
@@ -154,7 +185,10 @@ impl Grpc {
             .and_then(txn.success.iter().map(op).collect::<Vec<_>>())
             .or_else(txn.failure.iter().map(op).collect::<Vec<_>>());
         let answer = self
-            .call("txn", deadline, |mut c| async move { c.txn(request).await })
+            .call("txn", deadline, |mut c| {
+                let request = request.clone();
+                async move { c.txn(request).await }
+            })
             .await?;
         let mut responses = Vec::new();
         for r in answer.op_responses() {
@@ -225,32 +259,47 @@ fn op(op: &Op) -> etcd_client::TxnOp {
     }
 }
 
-/// The crate's error as one of ours, with its causes.
-fn classify(e: etcd_client::Error) -> EtcdError {
+/// The crate's error as one of ours, with its causes, and whether the next
+/// endpoint may be tried: the request certainly did not reach the member
+/// (no connection: tonic's `ConnectError` in the causes, or the service
+/// never became ready), or the member has no leader.
+fn classify(e: etcd_client::Error) -> (EtcdError, bool) {
     use etcd_client::Error as E;
+    use tonic::Code;
     let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
+    let mut not_sent = false;
+    if let E::GRpcStatus(status) = &e {
+        let mut source = std::error::Error::source(status);
+        while let Some(s) = source {
+            not_sent |= s.is::<tonic::ConnectError>();
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            source = s.source();
+        }
+        // tonic-build's clients, when the channel's poll_ready failed.
+        not_sent |= status.message().starts_with("Service was not ready");
     }
     match &e {
         E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => {
-            EtcdError::Config(text)
+            (EtcdError::Config(text), false)
         }
-        E::TransportError(_) | E::IoError(_) | E::EndpointError(_) => EtcdError::Unavailable(text),
-        // gRPC codes, as in gateway.rs (tonic is not ours to name).
-        E::GRpcStatus(status) => match i32::from(status.code()) {
-            // Unauthenticated, PermissionDenied.
-            16 | 7 => EtcdError::Unauthorized(text),
-            // DeadlineExceeded.
-            4 => EtcdError::Timeout(text),
-            // Unavailable (no leader, member unreachable).
-            14 => EtcdError::Unavailable(text),
-            _ if status.message().contains("timed out") => EtcdError::Timeout(text),
-            _ => EtcdError::Server(text),
+        E::TransportError(_) | E::IoError(_) | E::EndpointError(_) => {
+            (EtcdError::Unavailable(text), true)
+        }
+        E::GRpcStatus(_) if not_sent => (EtcdError::Unavailable(text), true),
+        E::GRpcStatus(status) => match status.code() {
+            Code::Unauthenticated | Code::PermissionDenied => {
+                (EtcdError::Unauthorized(text), false)
+            }
+            Code::DeadlineExceeded => (EtcdError::Timeout(text), false),
+            // A member without a leader has not applied anything.
+            Code::Unavailable => {
+                let no_leader = status.message().contains("no leader");
+                (EtcdError::Unavailable(text), no_leader)
+            }
+            _ if status.message().contains("timed out") => (EtcdError::Timeout(text), false),
+            _ => (EtcdError::Server(text), false),
         },
-        _ => EtcdError::Server(text),
+        _ => (EtcdError::Server(text), false),
     }
 }

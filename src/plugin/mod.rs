@@ -13,7 +13,9 @@ pub mod context;
 mod del;
 mod del_k8s;
 pub mod gc;
+pub mod journal;
 pub mod readiness;
+pub mod release_queue;
 mod status;
 
 use crate::cni::{CniResult, Command, Request, Result};
@@ -27,14 +29,33 @@ pub use del_k8s::cmd_del_k8s;
 pub use gc::cmd_gc;
 pub use status::cmd_status;
 
-/// Answers one calico verb.
+/// Answers one calico verb, after draining the release queue (within its
+/// budget).
 pub async fn handle(req: Request) -> Result<Option<CniResult>> {
     let ctx = Context::new(req);
+    let full = matches!(ctx.req.env.command, Command::Status | Command::Gc);
+    let budget = if full {
+        release_queue::FULL_DRAIN_BUDGET
+    } else {
+        release_queue::DRAIN_BUDGET
+    };
+    let left = release_queue::drain(&ctx, full, budget).await;
     match ctx.req.env.command {
         Command::Add => cmd_add(&ctx).await.map(Some),
-        Command::Del => cmd_del(&ctx).await.map(|()| None),
+        Command::Del => release_queue::del_and_account(&ctx).await.map(|()| None),
         Command::Check => cmd_check(&ctx).await.map(|()| None),
-        Command::Status => cmd_status(&ctx).await.map(|()| None),
+        Command::Status => {
+            cmd_status(&ctx).await?;
+            match left.first() {
+                None => Ok(None),
+                Some(o) => Err(crate::cni::Error::NotAvailable(format!(
+                    "{} release(s) owed by earlier DELs cannot be made yet (container {}: {})",
+                    left.len(),
+                    o.container_id,
+                    o.error
+                ))),
+            }
+        }
         Command::Gc => cmd_gc(&ctx).await.map(|()| None),
         Command::Version => unreachable!("VERSION is answered at the edge"),
     }
