@@ -7,6 +7,7 @@ pub mod cni;
 pub mod dataplane;
 pub mod datastore;
 pub mod etcd;
+pub mod fault;
 pub mod ipam;
 pub mod k8s;
 pub mod logging;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// edge.
 const RANKS: &[(&str, u32)] = &[
     ("etcd", 0),
+    ("fault", 0),
     ("k8s", 0),
     ("logging", 0),
     ("cni", 1),

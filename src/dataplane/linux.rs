@@ -371,6 +371,7 @@ impl PodNetwork {
         for ip in &req.ips {
             self.pod.add_address(p.pod_index, *ip).await?;
         }
+        crate::fault::kill_point("addresses");
         if !req.skip_host_routes {
             for ip in &req.ips {
                 add_host_route(
@@ -387,6 +388,7 @@ impl PodNetwork {
                 })?;
             }
         }
+        crate::fault::kill_point("host-routes");
         if has_v6 {
             wait_for(
                 ADDRESS_SETTLE,

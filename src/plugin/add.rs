@@ -445,7 +445,11 @@ async fn add_new(
                     .collect(),
                 ..CniResult::default()
             }),
-            (Some(ipam_add), None) => ipam_add.await,
+            (Some(ipam_add), None) => {
+                let result = ipam_add.await;
+                crate::fault::kill_point("ipam");
+                result
+            }
             (None, None) => Err(Error::Internal("no address source for the endpoint".into())),
         }
     };
@@ -457,6 +461,7 @@ async fn add_new(
             ))
         })?;
         let prepared = pod.prepare(&networking).await?;
+        crate::fault::kill_point("veth");
         Ok::<_, Error>((pod, prepared))
     };
     let (ipam_result, prepared) = tokio::time::timeout(req.remaining(), async {
@@ -505,6 +510,7 @@ async fn add_new(
         stored.metadata.uid.clone(),
     ));
     tracing::debug!("endpoint stored");
+    crate::fault::kill_point("endpoint");
     inject_fault(ctx, "endpoint")?;
 
     // 4. The network's profile.

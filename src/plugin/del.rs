@@ -34,6 +34,7 @@ pub async fn local_teardown(
         .await
         .map_err(Error::from);
     tracing::debug!("netns cleanup done after {:?}", started.elapsed());
+    crate::fault::kill_point("del-netns");
     let cleanup = match cleanup {
         Ok(CleanupOutcome::NetnsGone) => {
             // The sandbox is gone but its host veth may not be: it is
@@ -57,6 +58,7 @@ pub async fn local_teardown(
         Err(e) => Err(e),
     };
     tracing::debug!("IPAM DEL done after {:?}", started.elapsed());
+    crate::fault::kill_point("del-ipam");
     (ipam, cleanup)
 }
 
@@ -95,6 +97,7 @@ pub async fn cmd_del(ctx: &Context) -> Result<()> {
         local_teardown(ctx, &req.raw, rx, owns_veth),
         remove_record(ctx, tx)
     );
+    crate::fault::kill_point("del-endpoint");
     cleanup?;
     ipam_result?;
     record_result

@@ -86,6 +86,7 @@ pub async fn cmd_del_k8s(ctx: &Context) -> Result<()> {
         local_teardown(ctx, &release, rx, owns_veth),
         remove_record(ctx, tx)
     );
+    crate::fault::kill_point("del-endpoint");
     cleanup?;
     ipam_result?;
     record_result

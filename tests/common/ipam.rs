@@ -591,6 +591,33 @@ impl World {
         exec(CALICO, &env, &conf.to_string())
     }
 
+    /// Runs the `calico` plugin with extra environment variables.
+    pub fn plugin_with_env(
+        &self,
+        command: &str,
+        cid: &str,
+        netns: &str,
+        conf: &Value,
+        cni_args: &str,
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        let path = format!("{}:{CNI_BIN}", self.bin.display());
+        let mut env: HashMap<String, String> = env_of(&[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", &path),
+        ]);
+        if !cni_args.is_empty() {
+            env.insert("CNI_ARGS".into(), cni_args.into());
+        }
+        for (k, v) in extra {
+            env.insert(k.to_string(), v.to_string());
+        }
+        exec(CALICO, &env, &conf.to_string())
+    }
+
     /// Creates pod `name` in `ns` (a namespace of the test bed), bound to
     /// this world's node.
     pub fn pod(&self, ns: &Namespace, name: &str, annotations: Value) {

@@ -1,0 +1,23 @@
+//! Test-only process faults: with the `fault-injection` feature, and
+//! `CALICO_CNI_KILL_AFTER=<step>` in the environment, the process SIGKILLs
+//! itself right after that step (what a node losing power, an OOM kill or
+//! a runtime's `kill -9` does mid-call), so that tests can prove that what
+//! a runtime does next leaks nothing. Without the feature, nothing.
+//!
+//! ADD steps: `ipam` (addresses allocated), `veth` (the pair created),
+//! `addresses` (container routes and addresses set), `host-routes`,
+//! `endpoint` (the record written). DEL steps: `del-netns` (the pod's
+//! interface gone), `del-ipam` (addresses released), `del-endpoint` (the
+//! record removed).
+
+#[cfg(feature = "fault-injection")]
+pub fn kill_point(step: &str) {
+    if std::env::var("CALICO_CNI_KILL_AFTER").is_ok_and(|s| s == step) {
+        tracing::warn!(step, "injected SIGKILL");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn kill_point(_step: &str) {}
