@@ -1,0 +1,115 @@
+//! Datastore faults with calico-ipam on the real API server, staged by the
+//! fault proxy in front of it: black-holed, 2 s per answer, connections
+//! reset, 401, a 409 storm on IPAM blocks, 429. An ADD fails cleanly within
+//! its deadline and leaves nothing on the host (and, once the runtime's DEL
+//! of the failed sandbox has run, nothing in IPAM); a DEL completes locally
+//! and queues what it owes; after recovery the queue drains and nothing is
+//! leaked.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::faultproxy::{Fault, FaultProxy, Rule};
+use common::ipam::{Backend, World, address};
+use common::*;
+use serde_json::{Value, json};
+
+const POD_IP: &str = "cni.projectcalico.org/podIP";
+
+#[test]
+fn calico_ipam_through_api_server_faults() {
+    let test = "calico_ipam_through_api_server_faults";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(w) = World::new(test, Backend::Kdd) else {
+        return;
+    };
+    let bed = w.bed();
+    let proxy = FaultProxy::start(
+        bed.api(),
+        &bed.ca(),
+        bed.var("TESTBED_PROXY_CERT").as_ref(),
+        bed.var("TESTBED_PROXY_KEY").as_ref(),
+    );
+    let kubeconfig = bed.kubeconfig(
+        w.dir.path(),
+        "through-proxy",
+        &proxy.url(),
+        json!({"token": bed.cni_token()}),
+    );
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let mut conf = w.conf();
+    conf["cniVersion"] = json!("1.1.0");
+    conf["kubernetes"] = json!({"kubeconfig": kubeconfig});
+    conf["policy"] = json!({"type": "k8s"});
+    conf["deadline_seconds"] = json!(3);
+    let ns = bed.namespace(json!({}), json!({}));
+    let args = |pod: &str, cid: &str| {
+        format!(
+            "K8S_POD_NAMESPACE={};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid}",
+            ns.name
+        )
+    };
+    let run = |verb: &str, pod: &str, cid: &str, netns: &str| {
+        w.plugin(verb, cid, netns, &conf, &args(pod, cid), None)
+    };
+    let veth = |pod: &str| calico_cni::datastore::names::veth_name_for_workload(&ns.name, pod, None);
+
+    w.pod(&ns, "pod-a", json!({}));
+    let (na, a) = (Netns::new(), container_id());
+    let ra = run("ADD", "pod-a", &a, &na.path()).assert_ok().json();
+    let ip_a = address(&ra, 0).addr();
+
+    let faults: Vec<(&str, Rule)> = vec![
+        ("black-holed", Rule::always(Fault::Hang)),
+        ("2 s per answer", Rule::always(Fault::Delay(Duration::from_secs(2)))),
+        ("connections reset", Rule::always(Fault::Reset)),
+        ("401", Rule::always(Fault::Status(401))),
+        ("429", Rule::always(Fault::Status(429))),
+        ("409 storm on blocks", Rule::on("PUT", "/ipamblocks/", Fault::Status(409))),
+    ];
+    for (i, (what, rule)) in faults.into_iter().enumerate() {
+        let pod = format!("pod-{i}");
+        w.pod(&ns, &pod, json!({}));
+        proxy.push(rule);
+        let (netns, cid) = (Netns::new(), container_id());
+        let started = Instant::now();
+        let out = run("ADD", &pod, &cid, &netns.path());
+        let took = started.elapsed();
+        eprintln!("{what}: ADD failed in {took:?}: {}", out.stdout.trim());
+        assert_eq!(out.code, 1, "{what}: {out:?}");
+        let reply: Value = out.json();
+        assert!(reply["code"].as_u64().is_some() && reply["msg"].is_string(), "{what}: {reply}");
+        // The deadline (3 s), and the rollback's own budget at most.
+        assert!(took < Duration::from_secs(3 + 5 + 1), "{what}: ADD took {took:?}");
+        assert!(netns.link("eth0").is_none(), "{what}: eth0 left");
+        assert!(!host_link_exists(&veth(&pod)), "{what}: host veth left");
+        proxy.clear();
+        // The runtime's DEL of the failed sandbox: nothing of it is left.
+        run("DEL", &pod, &cid, &netns.path()).assert_ok();
+        assert!(w.handle(&format!("net1.{cid}")).is_none(), "{what}: handle left");
+        let live: Vec<_> = w.allocations().into_iter().map(|(ip, _)| ip).collect();
+        assert_eq!(live, [ip_a], "{what}: only pod-a's address");
+    }
+
+    // DEL while the API server is black-holed: local teardown, then the
+    // release is queued and the call fails retryably.
+    proxy.push(Rule::always(Fault::Hang));
+    let started = Instant::now();
+    let out = run("DEL", "pod-a", &a, &na.path());
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(3 + 5 + 1));
+    assert!(!host_link_exists(&veth("pod-a")), "veth removed");
+    assert!(na.link("eth0").is_none());
+    let queue = w.dir.path().join("cni-release-queue");
+    assert_eq!(std::fs::read_dir(&queue).unwrap().count(), 1, "one entry queued");
+    proxy.clear();
+    // Recovered: STATUS drains the queue.
+    w.plugin("STATUS", "", "", &conf, "", None).assert_ok();
+    assert_eq!(std::fs::read_dir(&queue).unwrap().count(), 0);
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+    assert!(w.handle(&format!("net1.{a}")).is_none());
+    assert_eq!(ns.pod("pod-a").unwrap()["metadata"]["annotations"][POD_IP], "");
+}
