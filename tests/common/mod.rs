@@ -126,10 +126,11 @@ pub fn run_ok(cmd: &str, args: &[&str]) -> String {
 /// A dump the kernel reports as interrupted (links or routes changed under
 /// it, as other tests' do) is retried.
 fn ip_json_of(args: &[&str]) -> Value {
-    for _ in 0..5 {
+    for attempt in 0..20 {
         let out = Command::new("ip").args(args).output().expect("spawn ip");
         let stderr = String::from_utf8_lossy(&out.stderr);
         if stderr.contains("Dump was interrupted") {
+            std::thread::sleep(std::time::Duration::from_millis(5 * attempt));
             continue;
         }
         assert!(
@@ -146,7 +147,7 @@ fn ip_json_of(args: &[&str]) -> Value {
             )
         });
     }
-    panic!("ip {}: dump interrupted 5 times in a row", args.join(" "))
+    panic!("ip {}: dump interrupted 20 times in a row", args.join(" "))
 }
 
 /// The entry named `name` in an `ip -j link show` listing.
@@ -164,10 +165,22 @@ pub fn host_ip_json(args: &[&str]) -> Value {
     ip_json_of(&full)
 }
 
-/// The host link called `name` (`ip -j link show`, filtered), `None` when
-/// there is none; panics when `ip` fails.
+/// The host link called `name` (`ip -j link show dev NAME`: one link, no
+/// dump to be interrupted), `None` when there is none; panics when `ip`
+/// fails otherwise.
 pub fn host_link(name: &str) -> Option<Value> {
-    find_link(host_ip_json(&["link", "show"]), name)
+    let out = Command::new("ip")
+        .args(["-j", "link", "show", "dev", name])
+        .output()
+        .expect("spawn ip");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("does not exist") {
+        return None;
+    }
+    assert!(out.status.success(), "ip -j link show dev {name} failed: {stderr}");
+    let links: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("ip -j link show dev {name} printed no JSON ({e})"));
+    find_link(links, name)
 }
 
 /// Whether the host has a link called `name`; panics when `ip` fails.
