@@ -217,6 +217,10 @@ fn node_name(o: &Options, i: usize) -> String {
     format!("scale-{}-{i}", o.run)
 }
 
+fn pool_name(o: &Options) -> String {
+    format!("scale-{}", o.run)
+}
+
 fn handle_id(o: &Options, node: usize, pod: usize) -> String {
     format!("scale.{}-{node}-{pod}", o.run)
 }
@@ -240,6 +244,7 @@ async fn phase(o: &Options, store: &Arc<Counting>, me: usize, release: bool) -> 
                 let node = node_name(&o, n);
                 let allocator = Allocator::new(store.as_ref(), &node);
                 let attrs = BTreeMap::from([("node".to_string(), node.clone())]);
+                let pools = [pool_name(&o)];
                 for p in 0..o.pods {
                     let handle = handle_id(&o, n, p);
                     let t = Instant::now();
@@ -258,7 +263,7 @@ async fn phase(o: &Options, store: &Arc<Counting>, me: usize, release: bool) -> 
                         num6: 0,
                         handle: &handle,
                         attrs: &attrs,
-                        pools4: &[],
+                        pools4: &pools,
                         pools6: &[],
                         max_blocks: 0,
                         labels: &NoLabels,
@@ -406,7 +411,7 @@ async fn leaks_and_cleanup(o: &Options, store: &dyn Store) -> Result<(usize, usi
         }
     }
     let _ = store
-        .delete_object(IpPool::KIND, "", &format!("scale-{}", o.run), &none)
+        .delete_object(IpPool::KIND, "", &pool_name(o), &none)
         .await;
     Ok((allocated, handles.len()))
 }
@@ -420,12 +425,15 @@ async fn coordinate(o: Options) -> Result<bool, Failure> {
         }
     }
     let mut pool = IpPool::new(
-        &format!("scale-{}", o.run),
+        &pool_name(&o),
         IpPoolSpec {
             cidr: o.pool.to_string(),
             block_size: 26,
             node_selector: "all()".into(),
             allowed_uses: vec!["Workload".into(), "Tunnel".into()],
+            // Manual, and requested by name: nothing else sharing the
+            // cluster allocates from it.
+            assignment_mode: "Manual".into(),
             ..IpPoolSpec::default()
         },
     );

@@ -155,11 +155,23 @@ impl FaultProxy {
     /// `key_pem`, and forwards to `upstream` ("https://host:port"), trusting
     /// only the certificates in `ca_pem` for it. Serves on its own thread.
     pub fn start(upstream: &str, ca_pem: &Path, cert_pem: &Path, key_pem: &Path) -> FaultProxy {
+        Self::start_with_identity(upstream, ca_pem, cert_pem, key_pem, None)
+    }
+
+    /// As [`FaultProxy::start`], presenting a client certificate and key to
+    /// the upstream (an etcd member that requires one).
+    pub fn start_with_identity(
+        upstream: &str,
+        ca_pem: &Path,
+        cert_pem: &Path,
+        key_pem: &Path,
+        identity: Option<(&Path, &Path)>,
+    ) -> FaultProxy {
         let acceptor = TlsAcceptor::from(Arc::new(server_config(cert_pem, key_pem)));
         let state = Shared::default();
         let forwarder = Arc::new(Forwarder {
             state: state.clone(),
-            upstream: Upstream::new(upstream, ca_pem),
+            upstream: Upstream::new(upstream, ca_pem, identity),
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         listener.set_nonblocking(true).expect("non-blocking");
@@ -252,7 +264,7 @@ struct Upstream {
 }
 
 impl Upstream {
-    fn new(url: &str, ca_pem: &Path) -> Upstream {
+    fn new(url: &str, ca_pem: &Path, identity: Option<(&Path, &Path)>) -> Upstream {
         let uri: Uri = url.parse().expect("the upstream URL");
         assert_eq!(uri.scheme_str(), Some("https"), "upstream {url}: not https");
         let host = uri.host().expect("the upstream host");
@@ -266,8 +278,16 @@ impl Upstream {
         let config = ClientConfig::builder_with_provider(ring())
             .with_safe_default_protocol_versions()
             .expect("TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            .with_root_certificates(roots);
+        let config = match identity {
+            Some((cert, key)) => config
+                .with_client_auth_cert(
+                    certificates(cert),
+                    PrivateKeyDer::from_pem_file(key).expect("the client key"),
+                )
+                .expect("the client identity"),
+            None => config.with_no_client_auth(),
+        };
         Upstream {
             addr: format!("{host}:{port}"),
             name,
