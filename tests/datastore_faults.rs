@@ -55,7 +55,8 @@ fn calico_ipam_through_api_server_faults() {
     let run = |verb: &str, pod: &str, cid: &str, netns: &str| {
         w.plugin(verb, cid, netns, &conf, &args(pod, cid), None)
     };
-    let veth = |pod: &str| calico_cni::datastore::names::veth_name_for_workload(&ns.name, pod, None);
+    let veth =
+        |pod: &str| calico_cni::datastore::names::veth_name_for_workload(&ns.name, pod, None);
 
     w.pod(&ns, "pod-a", json!({}));
     let (na, a) = (Netns::new(), container_id());
@@ -64,11 +65,17 @@ fn calico_ipam_through_api_server_faults() {
 
     let faults: Vec<(&str, Rule)> = vec![
         ("black-holed", Rule::always(Fault::Hang)),
-        ("2 s per answer", Rule::always(Fault::Delay(Duration::from_secs(2)))),
+        (
+            "2 s per answer",
+            Rule::always(Fault::Delay(Duration::from_secs(2))),
+        ),
         ("connections reset", Rule::always(Fault::Reset)),
         ("401", Rule::always(Fault::Status(401))),
         ("429", Rule::always(Fault::Status(429))),
-        ("409 storm on blocks", Rule::on("PUT", "/ipamblocks/", Fault::Status(409))),
+        (
+            "409 storm on blocks",
+            Rule::on("PUT", "/ipamblocks/", Fault::Status(409)),
+        ),
     ];
     for (i, (what, rule)) in faults.into_iter().enumerate() {
         let pod = format!("pod-{i}");
@@ -81,15 +88,24 @@ fn calico_ipam_through_api_server_faults() {
         eprintln!("{what}: ADD failed in {took:?}: {}", out.stdout.trim());
         assert_eq!(out.code, 1, "{what}: {out:?}");
         let reply: Value = out.json();
-        assert!(reply["code"].as_u64().is_some() && reply["msg"].is_string(), "{what}: {reply}");
+        assert!(
+            reply["code"].as_u64().is_some() && reply["msg"].is_string(),
+            "{what}: {reply}"
+        );
         // The deadline (3 s), and the rollback's own budget at most.
-        assert!(took < Duration::from_secs(3 + 5 + 1), "{what}: ADD took {took:?}");
+        assert!(
+            took < Duration::from_secs(3 + 5 + 1),
+            "{what}: ADD took {took:?}"
+        );
         assert!(netns.link("eth0").is_none(), "{what}: eth0 left");
         assert!(!host_link_exists(&veth(&pod)), "{what}: host veth left");
         proxy.clear();
         // The runtime's DEL of the failed sandbox: nothing of it is left.
         run("DEL", &pod, &cid, &netns.path()).assert_ok();
-        assert!(w.handle(&format!("net1.{cid}")).is_none(), "{what}: handle left");
+        assert!(
+            w.handle(&format!("net1.{cid}")).is_none(),
+            "{what}: handle left"
+        );
         let live: Vec<_> = w.allocations().into_iter().map(|(ip, _)| ip).collect();
         assert_eq!(live, [ip_a], "{what}: only pod-a's address");
     }
@@ -104,12 +120,19 @@ fn calico_ipam_through_api_server_faults() {
     assert!(!host_link_exists(&veth("pod-a")), "veth removed");
     assert!(na.link("eth0").is_none());
     let queue = w.dir.path().join("cni-release-queue");
-    assert_eq!(std::fs::read_dir(&queue).unwrap().count(), 1, "one entry queued");
+    assert_eq!(
+        std::fs::read_dir(&queue).unwrap().count(),
+        1,
+        "one entry queued"
+    );
     proxy.clear();
     // Recovered: STATUS drains the queue.
     w.plugin("STATUS", "", "", &conf, "", None).assert_ok();
     assert_eq!(std::fs::read_dir(&queue).unwrap().count(), 0);
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
     assert!(w.handle(&format!("net1.{a}")).is_none());
-    assert_eq!(ns.pod("pod-a").unwrap()["metadata"]["annotations"][POD_IP], "");
+    assert_eq!(
+        ns.pod("pod-a").unwrap()["metadata"]["annotations"][POD_IP],
+        ""
+    );
 }

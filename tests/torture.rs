@@ -118,7 +118,14 @@ impl Run<'_> {
     }
 
     /// Runs a verb; `kill`: the step after which the process kills itself.
-    fn exec(&self, verb: &str, i: usize, sb: &Sandbox, conf: &Value, kill: Option<&str>) -> Outcome {
+    fn exec(
+        &self,
+        verb: &str,
+        i: usize,
+        sb: &Sandbox,
+        conf: &Value,
+        kill: Option<&str>,
+    ) -> Outcome {
         let args = self.args(i, &sb.cid);
         let out = match kill {
             Some(step) => self.w.plugin_with_env(
@@ -129,7 +136,9 @@ impl Run<'_> {
                 &args,
                 &[("CALICO_CNI_KILL_AFTER", step)],
             ),
-            None => self.w.plugin(verb, &sb.cid, &sb.netns.path(), conf, &args, None),
+            None => self
+                .w
+                .plugin(verb, &sb.cid, &sb.netns.path(), conf, &args, None),
         };
         if out.code == -1 {
             self.kills.fetch_add(1, Ordering::Relaxed);

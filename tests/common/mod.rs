@@ -177,7 +177,10 @@ pub fn host_link(name: &str) -> Option<Value> {
     if !out.status.success() && stderr.contains("does not exist") {
         return None;
     }
-    assert!(out.status.success(), "ip -j link show dev {name} failed: {stderr}");
+    assert!(
+        out.status.success(),
+        "ip -j link show dev {name} failed: {stderr}"
+    );
     let links: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("ip -j link show dev {name} printed no JSON ({e})"));
     find_link(links, name)
