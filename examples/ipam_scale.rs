@@ -96,7 +96,10 @@ fn deadline() -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_secs(6 * 3600)
 }
 
-async fn open(backend: &str) -> Result<Arc<dyn Store>, Failure> {
+/// The datastore: on the API server, with the CNI's own credentials for
+/// the workers and the admin's for the coordinator (the CNI may not
+/// create or delete IPPools).
+async fn open(backend: &str, admin: bool) -> Result<Arc<dyn Store>, Failure> {
     Ok(match backend {
         "etcd" => {
             let conf = EtcdConfig {
@@ -112,7 +115,9 @@ async fn open(backend: &str) -> Result<Arc<dyn Store>, Failure> {
         }
         _ => {
             let conf = K8sConfig {
-                kubeconfig: Some(var("CALICO_CNI_KUBECONFIG")?.into()),
+                kubeconfig: Some(
+                    var(if admin { "KUBECONFIG" } else { "CALICO_CNI_KUBECONFIG" })?.into(),
+                ),
                 ..K8sConfig::default()
             };
             Arc::new(KubernetesStore::new(
@@ -308,7 +313,7 @@ async fn phase(o: &Options, store: &Arc<Counting>, me: usize, release: bool) -> 
 /// reports.
 async fn worker(o: Options, me: usize) -> Result<(), Failure> {
     let store = Arc::new(Counting {
-        inner: open(&o.backend).await?,
+        inner: open(&o.backend, false).await?,
         conflicts: AtomicU64::new(0),
     });
     let (times, failures) = phase(&o, &store, me, false).await;
@@ -417,7 +422,7 @@ async fn leaks_and_cleanup(o: &Options, store: &dyn Store) -> Result<(usize, usi
 }
 
 async fn coordinate(o: Options) -> Result<bool, Failure> {
-    let store = open(&o.backend).await?;
+    let store = open(&o.backend, true).await?;
     // No other pool or block may overlap the run's pool.
     for b in store.list_names(IpamBlock::KIND, "").await? {
         if cidr_of_block_name(&b).is_some_and(|c| o.pool.contains(&c.addr())) {
