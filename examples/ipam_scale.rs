@@ -116,7 +116,12 @@ async fn open(backend: &str, admin: bool) -> Result<Arc<dyn Store>, Failure> {
         _ => {
             let conf = K8sConfig {
                 kubeconfig: Some(
-                    var(if admin { "KUBECONFIG" } else { "CALICO_CNI_KUBECONFIG" })?.into(),
+                    var(if admin {
+                        "KUBECONFIG"
+                    } else {
+                        "CALICO_CNI_KUBECONFIG"
+                    })?
+                    .into(),
                 ),
                 ..K8sConfig::default()
             };
@@ -487,10 +492,10 @@ async fn coordinate(o: Options) -> Result<bool, Failure> {
         if v["phase"] == "allocate" {
             alloc.add(&v);
             reported += 1;
-        } else if let (Some(ip), Some(h)) = (v["ip"].as_str(), v["handle"].as_str()) {
-            if let Some(prev) = owner.insert(ip.to_string(), h.to_string()) {
-                duplicates.push(format!("{ip}: {prev} and {h}"));
-            }
+        } else if let (Some(ip), Some(h)) = (v["ip"].as_str(), v["handle"].as_str())
+            && let Some(prev) = owner.insert(ip.to_string(), h.to_string())
+        {
+            duplicates.push(format!("{ip}: {prev} and {h}"));
         }
     }
     alloc.elapsed = started.elapsed();

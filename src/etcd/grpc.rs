@@ -5,22 +5,24 @@
 //! The same surface and semantics as [`super::gateway::Gateway`]: the
 //! endpoints are tried in turn, starting from the last one that answered,
 //! and a request moves on only when it certainly did not reach the member
-//! (no connection) or the member has no leader, so a transaction is never
-//! sent twice. Each endpoint has a client of its own: the crate's balanced
-//! channel over all of them fails a request sent to a member that is down
-//! (etcdv3/etcd-client#39) and connects to every member at once. TLS with
-//! the CA (else the system's roots) and the client certificate (the files
-//! checked by `tls.rs`, as the gateway does); every call bounded by the
-//! deadline and [`REQUEST_TIMEOUT`]. The crate's `connect` must run on the
-//! runtime (it spawns the channel's worker), so a client is made at the
-//! first request to its endpoint.
+//! (no connection) or the member has no leader, or lost it while waiting
+//! for a read index (etcd's retryable "leader changed"), so a transaction
+//! is never sent twice. Each endpoint has a client of its own: the crate's
+//! balanced channel over all of them fails a request sent to a member that
+//! is down (etcdv3/etcd-client#39) and connects to every member at once.
+//! TLS with the CA (else the system's roots) and the client certificate
+//! (the files checked by `tls.rs`, as the gateway does); every call bounded
+//! by the deadline and [`REQUEST_TIMEOUT`]. The crate's `connect` must run
+//! on the runtime (it spawns the channel's worker), so a client is made at
+//! the first request to its endpoint.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, TxnOpResponse,
+    Certificate, Client, CompareOp, ConnectOptions, GetOptions, Identity, KvClient, TlsOptions,
+    TxnOpResponse,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -171,9 +173,9 @@ impl Grpc {
             options = options.with_keys_only();
         }
         let mut answer = self
-            .call("range", deadline, |mut c| {
+            .call("range", deadline, |c| {
                 let options = options.clone();
-                async move { c.get(key, Some(options)).await }
+                async move { kv(&c).get(key, Some(options)).await }
             })
             .await?;
         answer.take_kvs().into_iter().map(key_value).collect()
@@ -185,9 +187,9 @@ impl Grpc {
             .and_then(txn.success.iter().map(op).collect::<Vec<_>>())
             .or_else(txn.failure.iter().map(op).collect::<Vec<_>>());
         let answer = self
-            .call("txn", deadline, |mut c| {
+            .call("txn", deadline, |c| {
                 let request = request.clone();
-                async move { c.txn(request).await }
+                async move { kv(&c).txn(request).await }
             })
             .await?;
         let mut responses = Vec::new();
@@ -227,6 +229,13 @@ impl Grpc {
     }
 }
 
+/// The client's KV service without tonic's 4 MiB limit on an answer (the
+/// gateway has none, and etcd none on what it sends): listing a large
+/// cluster's IPAM blocks passes it.
+fn kv(client: &Client) -> KvClient {
+    client.kv_client().max_decoding_message_size(usize::MAX)
+}
+
 fn key_value(kv: etcd_client::KeyValue) -> Result<KeyValue, EtcdError> {
     let (create_revision, mod_revision) = (kv.create_revision(), kv.mod_revision());
     let (key, value) = kv.into_key_value();
@@ -262,7 +271,7 @@ fn op(op: &Op) -> etcd_client::TxnOp {
 /// The crate's error as one of ours, with its causes, and whether the next
 /// endpoint may be tried: the request certainly did not reach the member
 /// (no connection: tonic's `ConnectError` in the causes, or the service
-/// never became ready), or the member has no leader.
+/// never became ready), or the member has no leader or lost it.
 fn classify(e: etcd_client::Error) -> (EtcdError, bool) {
     use etcd_client::Error as E;
     use tonic::Code;
@@ -292,10 +301,13 @@ fn classify(e: etcd_client::Error) -> (EtcdError, bool) {
                 (EtcdError::Unauthorized(text), false)
             }
             Code::DeadlineExceeded => (EtcdError::Timeout(text), false),
-            // A member without a leader has not applied anything.
+            // A member without a leader has not applied anything; nor has
+            // one whose wait for a read index ended as the leader changed
+            // (etcd's ErrLeaderChanged, "a retryable error").
             Code::Unavailable => {
-                let no_leader = status.message().contains("no leader");
-                (EtcdError::Unavailable(text), no_leader)
+                let m = status.message();
+                let retry = m.contains("no leader") || m.contains("leader changed");
+                (EtcdError::Unavailable(text), retry)
             }
             _ if status.message().contains("timed out") => (EtcdError::Timeout(text), false),
             _ => (EtcdError::Server(text), false),
