@@ -171,8 +171,19 @@ fn build_client(config: &kube::Config, token: Option<&str>) -> Result<kube::Clie
 }
 
 fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, K8sError> {
-    Kubeconfig::read_from(path)
-        .map_err(|e| K8sError::Config(format!("failed to read kubeconfig {}: {e}", path.display())))
+    let fail = |e: &dyn std::fmt::Display| {
+        K8sError::Config(format!("failed to read kubeconfig {}: {e}", path.display()))
+    };
+    // kube decodes a file that starts with a UTF-16 byte-order mark two
+    // bytes at a time and panics (index out of bounds) on an odd length:
+    // such a file is rejected here (found by fuzz/, kubeconfig target).
+    if let Ok(bytes) = std::fs::read(path)
+        && let [0xFF, 0xFE, ..] | [0xFE, 0xFF, ..] = bytes.as_slice()
+        && !bytes.len().is_multiple_of(2)
+    {
+        return Err(fail(&"invalid UTF-16: an odd number of bytes"));
+    }
+    Kubeconfig::read_from(path).map_err(|e| fail(&e))
 }
 
 impl K8sClient {

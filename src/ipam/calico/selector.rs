@@ -25,6 +25,10 @@ use std::str::FromStr;
 
 /// Calico's limit on the length of a label key in a selector.
 const MAX_KEY_LEN: usize = 512;
+/// How deep parentheses may nest: the parser recurses once per level, and
+/// a deeper selector would overflow the stack (Go's growable stacks have no
+/// such limit; no real selector comes near it).
+const MAX_NESTING: usize = 256;
 
 /// A parsed Calico selector.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +73,11 @@ impl Selector {
         if toks.is_empty() {
             return Ok(Selector { root: Node::All });
         }
-        let mut p = Parser { toks, pos: 0 };
+        let mut p = Parser {
+            toks,
+            pos: 0,
+            depth: 0,
+        };
         let root = p.or().map_err(fail)?;
         match p.toks.get(p.pos) {
             None => Ok(Selector { root }),
@@ -232,6 +240,8 @@ type Step = fn(&mut Parser) -> Result<Node, String>;
 struct Parser {
     toks: Vec<Tok>,
     pos: usize,
+    /// Parentheses open at this point.
+    depth: usize,
 }
 
 impl Parser {
@@ -289,7 +299,12 @@ impl Parser {
                 Node::Label { key, test }
             }
             Some(Tok::Sym("(")) => {
+                if self.depth == MAX_NESTING {
+                    return Err(format!("parentheses nested more than {MAX_NESTING} deep"));
+                }
+                self.depth += 1;
                 let inner = self.or()?;
+                self.depth -= 1;
                 if !self.eat(")") {
                     return Err("expected ')'".into());
                 }

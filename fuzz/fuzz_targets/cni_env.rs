@@ -1,0 +1,6 @@
+#![no_main]
+//! See calico_cni_fuzz::cni_env.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let _ = calico_cni_fuzz::cni_env(data);
+});
