@@ -21,28 +21,27 @@ const POD_IP: &str = "cni.projectcalico.org/podIP";
 const POD_IPS: &str = "cni.projectcalico.org/podIPs";
 const IPV4_POOLS: &str = "cni.projectcalico.org/ipv4pools";
 
+/// One `#[test]` running vector `$name` on `$backend`.
+macro_rules! variant {
+    ($name:ident, $variant:ident, $backend:ident) => {
+        #[test]
+        fn $variant() {
+            let test = concat!(stringify!($name), "::", stringify!($variant));
+            if let Some(w) = World::new(test, Backend::$backend) {
+                super::$name(test, &w);
+            }
+        }
+    };
+}
+
 /// Runs `$body(&World)` on the embedded store (`embedded`) and on the test
 /// bed's API server (`kdd`).
 macro_rules! on_both {
     ($name:ident) => {
         mod $name {
             use super::*;
-
-            #[test]
-            fn embedded() {
-                let test = concat!(stringify!($name), "::embedded");
-                if let Some(w) = World::new(test, Backend::Embedded) {
-                    super::$name(test, &w);
-                }
-            }
-
-            #[test]
-            fn kdd() {
-                let test = concat!(stringify!($name), "::kdd");
-                if let Some(w) = World::new(test, Backend::Kdd) {
-                    super::$name(test, &w);
-                }
-            }
+            variant!($name, embedded, Embedded);
+            variant!($name, kdd, Kdd);
         }
     };
 }
@@ -52,30 +51,9 @@ macro_rules! on_all {
     ($name:ident) => {
         mod $name {
             use super::*;
-
-            #[test]
-            fn embedded() {
-                let test = concat!(stringify!($name), "::embedded");
-                if let Some(w) = World::new(test, Backend::Embedded) {
-                    super::$name(test, &w);
-                }
-            }
-
-            #[test]
-            fn kdd() {
-                let test = concat!(stringify!($name), "::kdd");
-                if let Some(w) = World::new(test, Backend::Kdd) {
-                    super::$name(test, &w);
-                }
-            }
-
-            #[test]
-            fn etcd() {
-                let test = concat!(stringify!($name), "::etcd");
-                if let Some(w) = World::new(test, Backend::Etcd) {
-                    super::$name(test, &w);
-                }
-            }
+            variant!($name, embedded, Embedded);
+            variant!($name, kdd, Kdd);
+            variant!($name, etcd, Etcd);
         }
     };
 }

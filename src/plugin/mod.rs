@@ -42,7 +42,14 @@ pub async fn handle(req: Request) -> Result<Option<CniResult>> {
     let left = release_queue::drain(&ctx, full, budget).await;
     match ctx.req.env.command {
         Command::Add => cmd_add(&ctx).await.map(Some),
-        Command::Del => release_queue::del_and_account(&ctx).await.map(|()| None),
+        Command::Del => {
+            // Its own entry, if the queue holds one, goes when it succeeds
+            // (no second look at the queue otherwise).
+            let queued = left.iter().any(|o| release_queue::is_current(&ctx, o));
+            release_queue::del_and_account(&ctx, queued)
+                .await
+                .map(|()| None)
+        }
         Command::Check => cmd_check(&ctx).await.map(|()| None),
         Command::Status => {
             cmd_status(&ctx).await?;

@@ -51,8 +51,9 @@ fn retryable(e: &Error) -> bool {
 }
 
 /// Runs the DEL of `ctx` and accounts for it in the queue: done, its entry
-/// goes; failed (retryably), what it owes is recorded.
-pub async fn del_and_account(ctx: &Context) -> Result<()> {
+/// (when `queued`: the queue holds one) goes; failed (retryably), what it
+/// owes is recorded.
+pub async fn del_and_account(ctx: &Context, queued: bool) -> Result<()> {
     let result = crate::plugin::cmd_del(ctx).await;
     let req = &ctx.req;
     let j = journal(&req.conf);
@@ -62,9 +63,10 @@ pub async fn del_and_account(ctx: &Context) -> Result<()> {
         req.env.ifname.clone(),
     );
     match &result {
-        Ok(()) => {
+        Ok(()) if queued => {
             blocking(move || j.remove(&network, &cid, &ifname)).await;
         }
+        Ok(()) => {}
         Err(e) if retryable(e) => {
             let vars: HashMap<String, String> = KEPT_VARS
                 .iter()
@@ -113,6 +115,14 @@ fn del_request(owed: &Owed, deadline: Instant) -> Result<Request> {
     })
 }
 
+/// Whether `owed` is the entry of the current call's attachment.
+pub fn is_current(ctx: &Context, owed: &Owed) -> bool {
+    let req = &ctx.req;
+    owed.network == req.conf.name
+        && owed.container_id == req.env.container_id
+        && owed.ifname == req.env.ifname
+}
+
 /// Drains the queue of the current call's config before its verb runs:
 /// due entries (every entry when `all`), within `budget`. An ADD of an
 /// attachment with an entry supersedes it; the current DEL's own entry is
@@ -127,15 +137,10 @@ pub async fn drain(ctx: &Context, all: bool, budget: Duration) -> Vec<Owed> {
     if entries.is_empty() {
         return entries;
     }
-    let current = |o: &Owed| {
-        o.network == req.conf.name
-            && o.container_id == req.env.container_id
-            && o.ifname == req.env.ifname
-    };
     let end = Instant::now() + budget;
     let work = async {
         for owed in &entries {
-            if current(owed) {
+            if is_current(ctx, owed) {
                 if req.env.command == Command::Add {
                     tracing::info!(container = %owed.container_id, "a new ADD supersedes the queued release");
                     let (j, o) = (j.clone(), owed.clone());
@@ -154,7 +159,7 @@ pub async fn drain(ctx: &Context, all: bool, budget: Duration) -> Vec<Owed> {
                 }
             };
             let queued = Context::new(request);
-            match Box::pin(del_and_account(&queued)).await {
+            match Box::pin(del_and_account(&queued, true)).await {
                 Ok(()) => tracing::info!(
                     container = %owed.container_id,
                     network = %owed.network,

@@ -578,21 +578,25 @@ impl World {
         cni_path: Option<&str>,
     ) -> Outcome {
         let default_path = format!("{}:{CNI_BIN}", self.bin.display());
-        let mut env: HashMap<String, String> = env_of(&[
-            ("CNI_COMMAND", command),
-            ("CNI_CONTAINERID", cid),
-            ("CNI_NETNS", netns),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", cni_path.unwrap_or(&default_path)),
-        ]);
-        if !cni_args.is_empty() {
-            env.insert("CNI_ARGS".into(), cni_args.into());
-        }
-        exec(CALICO, &env, &conf.to_string())
+        let path = cni_path.unwrap_or(&default_path);
+        self.run_plugin(command, cid, netns, conf, cni_args, &[("CNI_PATH", path)])
     }
 
     /// Runs the `calico` plugin with extra environment variables.
     pub fn plugin_with_env(
+        &self,
+        command: &str,
+        cid: &str,
+        netns: &str,
+        conf: &Value,
+        cni_args: &str,
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        self.run_plugin(command, cid, netns, conf, cni_args, extra)
+    }
+
+    /// The plugin with this world's CNI_PATH unless `extra` sets another.
+    fn run_plugin(
         &self,
         command: &str,
         cid: &str,
