@@ -5,6 +5,7 @@ use std::io::Write;
 
 use calico_cni::app::{self, Exit};
 use calico_cni::cni::Error;
+use calico_cni::cni::env::vars_from_os;
 use calico_cni::cni::version::CURRENT;
 
 fn print(exit: &Exit) {
@@ -23,12 +24,14 @@ fn main() {
         print(&Exit::error(&err, CURRENT));
         std::process::exit(1);
     }));
-    let args: Vec<String> = std::env::args().collect();
-    let exit = app::run(
-        &args,
-        std::env::vars().collect(),
-        &mut std::io::stdin().lock(),
-    );
+    // Neither argv nor the environment is trusted to be UTF-8.
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let exit = match vars_from_os(std::env::vars_os()) {
+        Ok(vars) => app::run(&args, vars, &mut std::io::stdin().lock()),
+        Err(e) => Exit::error(&e, CURRENT),
+    };
     print(&exit);
     std::process::exit(exit.code);
 }

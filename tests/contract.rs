@@ -193,3 +193,44 @@ fn about_text_and_version_flag() {
         env!("CARGO_PKG_VERSION")
     );
 }
+
+/// A contract variable that is not UTF-8 (Latin-1 bytes in CNI_ARGS, say)
+/// is an invalid-environment error, code 4, never a panic; a variable of
+/// someone else's that is not UTF-8 is none of ours.
+#[test]
+fn non_utf8_environment() {
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
+    use std::process::{Command, Stdio};
+    let spawn = |name: &str, value: &[u8]| {
+        let mut child = Command::new(CALICO)
+            .env_clear()
+            .envs(full_env("ADD"))
+            .env(name, std::ffi::OsStr::from_bytes(value))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child.stdin.take().unwrap().write_all(CONF.as_bytes());
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&out.stdout))),
+        )
+    };
+    let (code, reply) = spawn("CNI_ARGS", b"K8S_POD_NAME=caf\xe9");
+    assert_eq!(code, Some(1));
+    assert_eq!(reply["code"], 4, "{reply}");
+    assert_eq!(
+        reply["msg"], "CNI_ARGS: the value is not valid UTF-8",
+        "{reply}"
+    );
+    // Someone else's variable: ignored, and the ADD goes on to fail on the
+    // missing netns instead.
+    let (code, reply) = spawn("SOME_LOCALE_THING", b"caf\xe9");
+    assert_eq!(code, Some(1));
+    assert_ne!(reply["code"], 4, "{reply}");
+    assert!(!reply["msg"].as_str().unwrap().contains("UTF-8"), "{reply}");
+}

@@ -110,6 +110,28 @@ fn calico_ipam_through_api_server_faults() {
         assert_eq!(live, [ip_a], "{what}: only pod-a's address");
     }
 
+    // Throttled a little: the requests that met a 429 are sent again after
+    // the server's Retry-After, and the ADD succeeds within its deadline.
+    w.pod(&ns, "pod-throttled", json!({}));
+    proxy.push(Rule::always(Fault::Status(429)).times(2));
+    let (nt, t) = (Netns::new(), container_id());
+    let started = Instant::now();
+    let rt = run("ADD", "pod-throttled", &t, &nt.path())
+        .assert_ok()
+        .json();
+    let took = started.elapsed();
+    eprintln!("429 twice: ADD succeeded in {took:?}");
+    assert!(
+        took >= Duration::from_secs(1),
+        "no wait after a 429: {took:?}"
+    );
+    let ip_t = address(&rt, 0).addr();
+    assert_ne!(ip_t, ip_a);
+    proxy.clear();
+    run("DEL", "pod-throttled", &t, &nt.path()).assert_ok();
+    let live: Vec<_> = w.allocations().into_iter().map(|(ip, _)| ip).collect();
+    assert_eq!(live, [ip_a], "throttled pod released");
+
     // DEL while the API server is black-holed: local teardown, then the
     // release is queued and the call fails retryably.
     proxy.push(Rule::always(Fault::Hang));

@@ -346,3 +346,77 @@ fn concurrent_hosts_never_share_an_address_and_leave_nothing() {
         "{affinities:?}"
     );
 }
+
+/// A release that stopped between its mark and its delete (killed, or out
+/// of time) leaves soft-deleted objects; the next reader finishes them, so
+/// that neither a handle nor a block is stranded.
+#[test]
+fn interrupted_deletes_are_finished_by_the_next_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("s.db"));
+    let s: &dyn Store = &store;
+    pool(s, "p", "10.78.0.0/24", 26);
+    let ip = run(assign(s, "node-a", "net1.c1", 1, 0)).unwrap()[0];
+
+    // The handle marked deleted and left so (the allocation freed first,
+    // as a release does).
+    let blk = |s: &dyn Store| {
+        run(s.get::<IpamBlock>(
+            "",
+            &calico_cni::datastore::ipam_model::cidr_name(&ip.trunc()),
+        ))
+        .unwrap()
+    };
+    let mut b = blk(s).unwrap();
+    b.spec.allocations[0] = None;
+    b.spec.unallocated.push(0);
+    run(s.update(&mut b)).unwrap();
+    let mut h = handles(s).remove(0);
+    h.spec.deleted = true;
+    run(s.update(&mut h)).unwrap();
+    let alloc = Allocator::new(s, "node-a");
+    assert_eq!(run(alloc.release_by_handle("net1.c1")).unwrap(), None);
+    assert!(handles(s).is_empty(), "{:?}", handles(s));
+
+    // A soft-deleted handle met by an ADD under the same handle: deleted,
+    // then created afresh.
+    let again = run(assign(s, "node-a", "net1.c2", 1, 0)).unwrap()[0];
+    let mut h = handles(s).remove(0);
+    h.spec.deleted = true;
+    run(s.update(&mut h)).unwrap();
+    run(assign(s, "node-a", "net1.c2", 1, 0)).unwrap();
+    let h = handles(s);
+    assert_eq!(h.len(), 1);
+    assert!(!h[0].spec.deleted);
+    assert_eq!(h[0].spec.block.get(&again.trunc().to_string()), Some(&1));
+    assert_eq!(run(alloc.release_by_handle("net1.c2")).unwrap(), Some(2));
+
+    assert_eq!(allocated(s), 0);
+    assert!(handles(s).is_empty());
+
+    // The pool's only block released by its host (affinity gone), empty,
+    // marked deleted and left so: another host's ADD meets it borrowing,
+    // finishes the delete and claims the block in the same call.
+    let mut b = blk(s).unwrap();
+    b.spec.affinity = None;
+    b.spec.deleted = true;
+    run(s.update(&mut b)).unwrap();
+    for a in run(s.list::<BlockAffinity>("", &ListFilter::All)).unwrap() {
+        let pre = calico_cni::datastore::Precondition::default();
+        run(s.delete::<BlockAffinity>("", &a.metadata.name, &pre)).unwrap();
+    }
+    let mut p = run(s.get::<IpPool>("", "p")).unwrap().unwrap();
+    p.spec.cidr = ip.trunc().to_string();
+    run(s.update(&mut p)).unwrap();
+    let got = run(assign(s, "node-b", "net1.c3", 1, 0)).unwrap()[0];
+    assert_eq!(got.trunc(), ip.trunc());
+    let b = blk(s).unwrap();
+    assert!(!b.spec.deleted);
+    assert_eq!(b.spec.affinity.as_deref(), Some("host:node-b"));
+    assert_eq!(
+        run(Allocator::new(s, "node-b").release_by_handle("net1.c3")).unwrap(),
+        Some(1)
+    );
+    assert_eq!(allocated(s), 0);
+    assert!(handles(s).is_empty());
+}

@@ -168,6 +168,45 @@ pub fn validate_ifname(name: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// The contract's variables: one of them that is not UTF-8 is an error.
+const CONTRACT_VARS: [&str; 6] = [
+    "CNI_COMMAND",
+    "CNI_CONTAINERID",
+    "CNI_NETNS",
+    "CNI_IFNAME",
+    "CNI_ARGS",
+    "CNI_PATH",
+];
+
+/// The process environment as text: a contract variable whose value is not
+/// UTF-8 is an invalid-environment error (code 4); any other variable that
+/// is not UTF-8 (name or value) is none of ours and is left out.
+pub fn vars_from_os(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    for (name, value) in vars {
+        let Ok(name) = name.into_string() else {
+            continue;
+        };
+        match value.into_string() {
+            Ok(value) => {
+                out.insert(name, value);
+            }
+            Err(value) => {
+                if let Some(var) = CONTRACT_VARS.iter().find(|v| **v == name) {
+                    return Err(invalid(
+                        var,
+                        "the value is not valid UTF-8".to_string(),
+                        &value.to_string_lossy(),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 impl CniEnv {
     /// Reads and validates the contract from `vars` (the process environment,
     /// injected so that tests can drive it).
@@ -249,6 +288,32 @@ impl CniEnv {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn non_utf8_contract_vars_are_rejected_and_others_left_out() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let latin1 = || OsString::from_vec(b"K8S_POD_NAME=caf\xe9".to_vec());
+        let e = vars_from_os([
+            (OsString::from("CNI_COMMAND"), OsString::from("ADD")),
+            (OsString::from("CNI_ARGS"), latin1()),
+        ])
+        .unwrap_err();
+        assert_eq!(e.code(), 4, "{e}");
+        assert!(
+            e.to_string()
+                .contains("CNI_ARGS: the value is not valid UTF-8"),
+            "{e}"
+        );
+        let vars = vars_from_os([
+            (OsString::from("CNI_COMMAND"), OsString::from("VERSION")),
+            (OsString::from("LANG_SOMETHING"), latin1()),
+            (OsString::from_vec(b"X\xff".to_vec()), OsString::from("1")),
+        ])
+        .unwrap();
+        assert_eq!(vars.len(), 1);
+        assert_eq!(vars["CNI_COMMAND"], "VERSION");
+    }
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {

@@ -277,6 +277,13 @@ pub trait Store: Send + Sync {
     fn affinity_name(&self, node: &str, cidr: &ipnet::IpNet) -> String {
         ipam_model::affinity_name(node, cidr)
     }
+
+    /// The same store with its requests bound to `deadline` instead (a
+    /// cleanup budget); `None` when this store's requests are not bound
+    /// to a deadline of their own, so it serves as it is.
+    fn until(&self, _deadline: tokio::time::Instant) -> Option<std::sync::Arc<dyn Store>> {
+        None
+    }
 }
 
 /// A metadata field of a resource in its JSON form (`""` when absent).

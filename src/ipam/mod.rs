@@ -79,7 +79,8 @@ pub fn runs_in_process(conf: &NetConf, path: &[PathBuf]) -> bool {
 /// calico-ipam in this process: what it needs besides the request.
 pub struct InProcess<'a> {
     pub req: &'a Request,
-    pub store: &'a dyn Store,
+    /// The datastore, its requests bound to the driver's deadline.
+    pub store: std::sync::Arc<dyn Store>,
     pub kdd: Option<&'a KubernetesStore>,
     pub host: String,
     /// The workload namespace's labels, once the caller has read them.
@@ -143,7 +144,7 @@ impl<'a> Driver<'a> {
         tracing::debug!(verb = command.as_str(), "calico-ipam in process");
         let call = verbs::Call {
             req: &req,
-            store: local.store,
+            store: local.store.as_ref(),
             kdd: local.kdd,
             host: &local.host,
             namespace_labels: local.namespace_labels.get(),

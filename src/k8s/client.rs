@@ -21,6 +21,22 @@ use crate::k8s::objects::{Namespace, Node, Pod};
 /// How long one request may take at most (the deadline may cut it shorter).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How many times a throttled (429) request is sent in all.
+const THROTTLED_ATTEMPTS: u32 = 10;
+/// The wait after a 429 that names none (client-go's figure).
+const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest wait after a 429 honoured (the deadline usually cuts first).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(10);
+
+/// A copy of a request, to send it again.
+fn clone_request(request: &http::Request<Vec<u8>>) -> http::Request<Vec<u8>> {
+    let mut copy = http::Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.headers_mut() = request.headers().clone();
+    copy
+}
+
 /// The API group of Calico's CRDs in the Kubernetes datastore.
 pub const CALICO_CRD_GROUP: &str = "crd.projectcalico.org";
 pub const CALICO_CRD_VERSION: &str = "v1";
@@ -187,6 +203,15 @@ fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, K8sError> {
 }
 
 impl K8sClient {
+    /// The same client (connection pool and credentials) with its
+    /// requests bound to another deadline (cleanup budgets).
+    pub fn until(&self, deadline: Instant) -> K8sClient {
+        K8sClient {
+            deadline,
+            ..self.clone()
+        }
+    }
+
     /// Builds the client for one invocation, whose requests all end by
     /// `deadline`.
     pub async fn new(conf: &K8sConfig, deadline: Instant) -> Result<K8sClient, K8sError> {
@@ -344,20 +369,46 @@ impl K8sClient {
         what: &str,
         request: http::Request<Vec<u8>>,
     ) -> Result<Option<T>, K8sError> {
-        let remaining = self.deadline.saturating_duration_since(Instant::now());
-        let limit = remaining.min(REQUEST_TIMEOUT);
-        match tokio::time::timeout(limit, self.client.request::<T>(request)).await {
-            Err(_) if limit < REQUEST_TIMEOUT => Err(K8sError::Timeout(format!(
-                "{what}: no answer from the Kubernetes API server within the deadline"
-            ))),
-            Err(_) => Err(K8sError::Timeout(format!(
-                "{what}: no answer from the Kubernetes API server within {}s",
-                REQUEST_TIMEOUT.as_secs()
-            ))),
-            Ok(Ok(v)) => Ok(Some(v)),
-            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(None),
-            Ok(Err(e)) => Err(self.map_err(what, e)),
+        for attempt in 1.. {
+            let remaining = self.deadline.saturating_duration_since(Instant::now());
+            let limit = remaining.min(REQUEST_TIMEOUT);
+            let sent =
+                tokio::time::timeout(limit, self.client.request::<T>(clone_request(&request)));
+            return match sent.await {
+                Err(_) if limit < REQUEST_TIMEOUT => Err(K8sError::Timeout(format!(
+                    "{what}: no answer from the Kubernetes API server within the deadline"
+                ))),
+                Err(_) => Err(K8sError::Timeout(format!(
+                    "{what}: no answer from the Kubernetes API server within {}s",
+                    REQUEST_TIMEOUT.as_secs()
+                ))),
+                Ok(Ok(v)) => Ok(Some(v)),
+                Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(None),
+                // Throttled (API priority and fairness, or a proxy): the
+                // request was not processed, so it is sent again after the
+                // wait the server asks for, as client-go does, while the
+                // deadline leaves room for it.
+                Ok(Err(kube::Error::Api(status)))
+                    if status.code == 429 && attempt < THROTTLED_ATTEMPTS =>
+                {
+                    let wait = status
+                        .details
+                        .as_ref()
+                        .map(|d| Duration::from_secs(d.retry_after_seconds.into()))
+                        .filter(|w| !w.is_zero())
+                        .unwrap_or(DEFAULT_RETRY_AFTER)
+                        .min(MAX_RETRY_AFTER);
+                    if Instant::now() + wait < self.deadline {
+                        tracing::debug!(?wait, attempt, "{what}: throttled (429), sending again");
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
+                    Err(self.map_err(what, kube::Error::Api(status)))
+                }
+                Ok(Err(e)) => Err(self.map_err(what, e)),
+            };
         }
+        unreachable!("the loop returns")
     }
 
     fn request(

@@ -184,9 +184,15 @@ impl Context {
         let exec = crate::ipam::delegate(&self.req, deadline);
         let in_process = if self.ipam_in_process {
             let store = self.store().await?;
+            // A later deadline (cleanup) needs the store's requests bound
+            // to it: the call's own may be what has just passed.
+            let store = match deadline > self.deadline() {
+                true => store.until(deadline).unwrap_or_else(|| store.clone()),
+                false => store.clone(),
+            };
             Some(InProcess {
                 req: &self.req,
-                store: store.as_ref(),
+                store,
                 kdd: self.kdd(),
                 host: self.node.clone(),
                 namespace_labels: &self.namespace_labels,

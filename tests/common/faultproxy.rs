@@ -413,6 +413,10 @@ fn status(code: u16, message: &str) -> Response<Body> {
         status["reason"] = json!(reason);
     }
     status["code"] = json!(code.as_u16());
+    if code == StatusCode::TOO_MANY_REQUESTS {
+        // As the API server's NewTooManyRequests: the wait in the body too.
+        status["details"] = json!({"retryAfterSeconds": 1});
+    }
     let mut response = Response::new(Either::Right(Full::new(Bytes::from(status.to_string()))));
     *response.status_mut() = code;
     let headers = response.headers_mut();

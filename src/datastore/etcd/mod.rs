@@ -36,13 +36,6 @@ impl EtcdStore {
         EtcdStore { client }
     }
 
-    /// The same store bound to another deadline.
-    pub fn until(&self, deadline: Instant) -> EtcdStore {
-        EtcdStore {
-            client: self.client.until(deadline),
-        }
-    }
-
     /// The cluster's status (for `calico -t`).
     pub async fn status(&self) -> Result<String, DatastoreError> {
         Ok(self.client.status().await?)
@@ -273,5 +266,11 @@ impl Store for EtcdStore {
 
     fn affinity_name(&self, node: &str, cidr: &ipnet::IpNet) -> String {
         codec::affinity_name(node, cidr)
+    }
+
+    fn until(&self, deadline: Instant) -> Option<std::sync::Arc<dyn Store>> {
+        Some(std::sync::Arc::new(EtcdStore {
+            client: self.client.until(deadline),
+        }))
     }
 }

@@ -464,4 +464,13 @@ impl Store for KubernetesStore {
             .await?
             .ok_or_else(|| DatastoreError::NotFound(kind.describe(namespace, name)))
     }
+
+    fn until(&self, deadline: tokio::time::Instant) -> Option<std::sync::Arc<dyn Store>> {
+        let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Some(std::sync::Arc::new(KubernetesStore {
+            client: self.client.until(deadline),
+            interface_prefix: self.interface_prefix.clone(),
+            pods: Mutex::new(pods),
+        }))
+    }
 }

@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
@@ -72,6 +73,9 @@ struct FamilyOutcome {
 pub struct Allocator<'a> {
     store: &'a dyn Store,
     host: &'a str,
+    /// Interrupted deletes this allocator finished (a block so freed is
+    /// claimable again).
+    finished: AtomicUsize,
 }
 
 fn ds(what: impl Into<String>) -> impl FnOnce(DatastoreError) -> IpamError {
@@ -97,7 +101,11 @@ fn with_prefix(ip: IpAddr, cidr: &IpNet) -> IpNet {
 
 impl<'a> Allocator<'a> {
     pub fn new(store: &'a dyn Store, host: &'a str) -> Allocator<'a> {
-        Allocator { store, host }
+        Allocator {
+            store,
+            host,
+            finished: AtomicUsize::new(0),
+        }
     }
 
     fn affinity_value(&self) -> String {
@@ -138,14 +146,42 @@ impl<'a> Allocator<'a> {
             .collect())
     }
 
+    /// The block of `cidr`, unless absent or soft-deleted.
     async fn get_block(&self, cidr: &IpNet) -> Result<Option<IpamBlock>, IpamError> {
         let name = cidr_name(cidr);
-        Ok(self
+        let block = self
             .store
             .get::<IpamBlock>("", &name)
             .await
-            .map_err(ds(format!("error getting IPAMBlock({name})")))?
-            .filter(|b| !b.spec.deleted))
+            .map_err(ds(format!("error getting IPAMBlock({name})")))?;
+        match block {
+            Some(b) if b.spec.deleted => {
+                self.finish_delete(&b).await;
+                Ok(None)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Finishes a soft delete that stopped half way (its writer was killed
+    /// or ran out of time between the mark and the delete): the delete on
+    /// the revision read. A writer that revived the object since changed
+    /// that revision, so a live object is never deleted; failing is fine
+    /// (the next reader tries again).
+    async fn finish_delete<R: Resource>(&self, resource: &R) {
+        let meta = resource.metadata();
+        let pre = Precondition {
+            resource_version: Some(meta.resource_version.clone()),
+            uid: Some(meta.uid.clone()).filter(|u| !u.is_empty()),
+        };
+        match self.store.delete::<R>("", &meta.name, &pre).await {
+            Ok(()) => {
+                self.finished.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(name = %meta.name, "finished an interrupted delete");
+            }
+            Err(DatastoreError::NotFound(_) | DatastoreError::Conflict(_)) => {}
+            Err(e) => tracing::debug!(name = %meta.name, "finishing an interrupted delete: {e}"),
+        }
     }
 
     /// Writes a block back on the revision it was read at, bumping its
@@ -177,12 +213,18 @@ impl<'a> Allocator<'a> {
 
     /// The handle named `name`, unless absent or soft-deleted.
     async fn live_handle(&self, name: &str, what: &str) -> Result<Option<IpamHandle>, IpamError> {
-        Ok(self
+        let handle = self
             .store
             .get::<IpamHandle>("", name)
             .await
-            .map_err(ds(what))?
-            .filter(|h| !h.spec.deleted))
+            .map_err(ds(what))?;
+        match handle {
+            Some(h) if h.spec.deleted => {
+                self.finish_delete(&h).await;
+                Ok(None)
+            }
+            other => Ok(other),
+        }
     }
 
     /// Adds `n` addresses in `cidr` to the handle, creating it if absent.
@@ -213,6 +255,8 @@ impl<'a> Allocator<'a> {
                     self.store.create(&mut fresh).await.map(|_| ())
                 }
                 Some(h) if h.spec.deleted => {
+                    // Going away (or left half deleted): gone first.
+                    self.finish_delete(&h).await;
                     pause(attempt).await;
                     continue;
                 }
@@ -413,28 +457,31 @@ impl<'a> Allocator<'a> {
             (g, r) => g.min(r),
         };
         let mut owned = affine.len();
-        while ips.len() < num {
-            if !config.auto_allocate_blocks {
-                messages.push("automatic block allocation is disabled".to_string());
-                break;
+        let new_blocks = async |ips: &mut Vec<IpNet>, owned: &mut usize| {
+            while ips.len() < num {
+                if !config.auto_allocate_blocks {
+                    return Ok(Some("automatic block allocation is disabled".to_string()));
+                }
+                if *owned >= limit {
+                    return Ok(Some(format!(
+                        "Need to allocate an IPAM block but could not - limit of {limit} blocks reached for this node"
+                    )));
+                }
+                let Some(cidr) = self.claim_new_block(&pools).await? else {
+                    break;
+                };
+                *owned += 1;
+                let got = self
+                    .assign_from_block(&cidr, num - ips.len(), req, &reserved, true)
+                    .await?;
+                ips.extend(got);
             }
-            if owned >= limit {
-                messages.push(format!(
-                    "Need to allocate an IPAM block but could not - limit of {limit} blocks reached for this node"
-                ));
-                break;
-            }
-            let Some(cidr) = self.claim_new_block(&pools).await? else {
-                break;
-            };
-            owned += 1;
-            let got = self
-                .assign_from_block(&cidr, num - ips.len(), req, &reserved, true)
-                .await?;
-            ips.extend(got);
-        }
+            Ok::<_, IpamError>(None)
+        };
+        messages.extend(new_blocks(&mut ips, &mut owned).await?);
 
         // 3. Borrowing from other hosts' blocks.
+        let finished_before = self.finished.load(Ordering::Relaxed);
         if ips.len() < num {
             if config.strict_affinity {
                 messages.push("No more free affine blocks and strict affinity enabled".to_string());
@@ -466,6 +513,15 @@ impl<'a> Allocator<'a> {
                     ips.extend(got);
                 }
             }
+        }
+        // A block whose interrupted delete borrowing finished is free
+        // again: claimed now rather than by the next ADD.
+        if ips.len() < num
+            && self.finished.load(Ordering::Relaxed) > finished_before
+            && let Some(m) = new_blocks(&mut ips, &mut owned).await?
+            && !messages.contains(&m)
+        {
+            messages.push(m);
         }
         if ips.len() < num {
             messages.push(format!("No IPs available in pools: {nets:?}"));
@@ -602,6 +658,12 @@ impl<'a> Allocator<'a> {
                     .map_err(ds(what.clone()))?
                 {
                     Some(a) if a.spec.node == self.host && a.spec.deleted != "true" => a,
+                    Some(a) if a.spec.deleted == "true" => {
+                        // A release that stopped half way: finished, so
+                        // that a later claim of this block can succeed.
+                        self.finish_delete(&a).await;
+                        return Ok(false);
+                    }
                     _ => return Ok(false),
                 }
             }
