@@ -249,3 +249,77 @@ fn missing_ipam_plugin_is_a_config_error() {
     assert_eq!(out.error_code(), 7, "{}", out.stdout);
     assert!(out.json()["msg"].as_str().unwrap().contains("no-such-ipam"));
 }
+
+/// DEL starts the exec'd IPAM plugin early (its start-up overlaps the
+/// kernel's work) but the plugin is given its config, and so releases the
+/// address, only once the interface that held it is gone: released
+/// earlier, a new pod could be given the address while the old host route
+/// still points at the old veth. A wrapper of host-local records, when it
+/// has read its config, whether the host veth still exists; with the
+/// sandbox's netns there, and with it gone.
+#[test]
+fn del_releases_the_address_only_after_the_interface_is_gone() {
+    let test = "del_releases_the_address_only_after_the_interface_is_gone";
+    if !have_host_local(test) || !common::root_or_skip(test) {
+        return;
+    }
+    let plugins = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let log = state.path().join("observed");
+    let wrapper = plugins.path().join("observing-host-local");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nobserve() {{ if ip link show dev \"$OBSERVE_VETH\" >/dev/null 2>&1; then echo \"$1 present\" >>{log}; else echo \"$1 gone\" >>{log}; fi; }}\nconf=$(cat)\n[ \"$CNI_COMMAND\" = DEL ] && observe configured\nprintf '%s' \"$conf\" | exec {CNI_BIN}/host-local\n",
+            log = log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "net1", "type": "calico", "nodename": "n",
+        "mtu_file": state.path().join("mtu"),
+        "local_datastore_path": state.path().join("store.db"),
+        "ipam": {"type": "observing-host-local", "subnet": "10.79.0.0/24", "dataDir": data.path()}
+    })
+    .to_string();
+    for netns_gone in [false, true] {
+        let ns = common::Netns::new();
+        let cid = common::container_id();
+        let veth = common::host_veth(&cid);
+        let run = |verb: &str| {
+            let env = env_of(&[
+                ("CNI_COMMAND", verb),
+                ("CNI_CONTAINERID", &cid),
+                ("CNI_NETNS", &ns.path()),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_PATH", plugins.path().to_str().unwrap()),
+                ("OBSERVE_VETH", &veth),
+            ]);
+            exec(CALICO, &env, &conf)
+        };
+        run("ADD").assert_ok();
+        assert!(common::host_link_exists(&veth));
+        assert_eq!(reservations(data.path()).len(), 1);
+        let _ = std::fs::remove_file(&log);
+        if netns_gone {
+            common::run_ok("ip", &["netns", "del", &ns.name]);
+        }
+        run("DEL").assert_ok();
+        let observed = std::fs::read_to_string(&log).unwrap();
+        let observed: Vec<&str> = observed.lines().collect();
+        assert_eq!(
+            observed.last(),
+            Some(&"configured gone"),
+            "netns gone: {netns_gone}: the plugin was given its config while the veth existed: {observed:?}"
+        );
+        assert_eq!(observed.len(), 1, "{observed:?}");
+        assert!(!common::host_link_exists(&veth));
+        assert!(
+            reservations(data.path()).is_empty(),
+            "{:?}",
+            reservations(data.path())
+        );
+    }
+}

@@ -238,7 +238,18 @@ impl Delegate<'_> {
 
     /// DEL, CHECK or STATUS: only success matters.
     pub async fn run(&self, command: Command, config: &Value) -> Result<()> {
-        self.exec_negotiated(command, config, None)
+        self.run_on(command, config, None).await
+    }
+
+    /// DEL, CHECK or STATUS on a process started earlier with
+    /// [`Self::spawn`] for `command`, or on a new one.
+    pub async fn run_on(
+        &self,
+        command: Command,
+        config: &Value,
+        running: Option<Running<'_>>,
+    ) -> Result<()> {
+        self.exec_negotiated(command, config, running)
             .await
             .map(|_| ())
     }

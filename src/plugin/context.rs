@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use crate::cni::delegate::Delegate;
 use crate::cni::{Error, Request, Result};
 use crate::datastore::kubernetes::KubernetesStore;
 use crate::datastore::names::{WepIdentifiers, veth_name_for_container, veth_name_for_workload};
@@ -176,6 +177,12 @@ impl Context {
     /// The IPAM for cleanup that starts now (its own grace budget).
     pub async fn ipam_for_cleanup(&self) -> Result<Driver<'_>> {
         self.ipam_until(self.cleanup_deadline()).await
+    }
+
+    /// The IPAM plugin to exec, bounded by `deadline`; `None` when
+    /// calico-ipam runs in process. Needs no datastore.
+    pub fn ipam_exec_until(&self, deadline: Instant) -> Option<Delegate<'_>> {
+        (!self.ipam_in_process).then(|| crate::ipam::delegate(&self.req, deadline))
     }
 
     /// The IPAM bounded by `deadline`: calico-ipam in process (on this

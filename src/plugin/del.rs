@@ -30,6 +30,14 @@ pub async fn local_teardown(
     let started = tokio::time::Instant::now();
     let req = &ctx.req;
     let deadline = req.deadline + crate::plugin::context::CLEANUP_GRACE;
+    // An exec'd IPAM is started now so that its start-up overlaps the
+    // kernel's work below; it reads its config first, so it releases
+    // nothing until it is given it, after the interface is gone.
+    let exec = ctx.ipam_exec_until(deadline);
+    let early = match &exec {
+        Some(plugin) => Some(plugin.spawn(Command::Del).await),
+        None => None,
+    };
     let cleanup = clean_up_namespace(&req.env.netns, &req.env.ifname, deadline)
         .await
         .map_err(Error::from);
@@ -53,9 +61,15 @@ pub async fn local_teardown(
         Ok(CleanupOutcome::LinkGone | CleanupOutcome::Deleted) => Ok(()),
         Err(e) => Err(e),
     };
-    let ipam = match ctx.ipam_until(deadline).await {
-        Ok(ipam) => ipam.run(Command::Del, release).await,
-        Err(e) => Err(e),
+    let ipam = match (&exec, early) {
+        (Some(plugin), Some(Ok(running))) => {
+            plugin.run_on(Command::Del, release, Some(running)).await
+        }
+        (_, Some(Err(e))) => Err(e),
+        _ => match ctx.ipam_until(deadline).await {
+            Ok(ipam) => ipam.run(Command::Del, release).await,
+            Err(e) => Err(e),
+        },
     };
     tracing::debug!("IPAM DEL done after {:?}", started.elapsed());
     crate::fault::kill_point("del-ipam");
