@@ -185,3 +185,82 @@ fn calico_ipam_gc_on_the_kubernetes_datastore() {
 fn calico_ipam_gc_on_etcd() {
     ipam_gc("calico_ipam_gc_on_etcd", Backend::Etcd);
 }
+
+/// Debian's host-local answers GC without collecting anything, so the
+/// plugin collects host-local's reservations itself (under host-local's
+/// lock). A node that lost a sandbox without its DEL (the netns gone, as
+/// after a reboot) gets its address back from GC; the valid attachment's
+/// reservation, the lock and host-local's last-reserved marker stay.
+#[test]
+fn gc_collects_host_local_reservations() {
+    let test = "gc_collects_host_local_reservations";
+    if !root_or_skip(test) {
+        return;
+    }
+    if !std::path::Path::new(CNI_BIN).join("host-local").exists() {
+        cannot_run(
+            test,
+            "host-local (containernetworking-plugins) is not installed",
+        );
+        return;
+    }
+    let Some(w) = World::new(test, Backend::Embedded) else {
+        return;
+    };
+    let data = w.dir.path().join("host-local");
+    let mut conf = w.conf();
+    conf["cniVersion"] = json!("1.1.0");
+    conf["ipam"] = json!({"type": "host-local", "subnet": w.v4(1).to_string(), "dataDir": data});
+    let reservations = || {
+        let mut names: Vec<String> = std::fs::read_dir(data.join("net1"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    let (na, nb) = (Netns::new(), Netns::new());
+    let (a, b) = (container_id(), container_id());
+    let ra = w
+        .plugin("ADD", &a, &na.path(), &conf, "", None)
+        .assert_ok()
+        .json();
+    let rb = w
+        .plugin("ADD", &b, &nb.path(), &conf, "", None)
+        .assert_ok()
+        .json();
+    let (ip_a, ip_b) = (
+        address(&ra, 0).addr().to_string(),
+        address(&rb, 0).addr().to_string(),
+    );
+    let mut before = vec![
+        ip_a.clone(),
+        ip_b.clone(),
+        "last_reserved_ip.0".into(),
+        "lock".into(),
+    ];
+    before.sort();
+    assert_eq!(reservations(), before);
+
+    // B's sandbox is lost without a DEL.
+    run_ok("ip", &["netns", "del", &nb.name]);
+    let mut gc_conf = conf.clone();
+    gc_conf["cni.dev/valid-attachments"] = json!([{"containerID": a, "ifname": "eth0"}]);
+    gc(&w, &gc_conf).assert_ok();
+    let mut after = vec![ip_a.clone(), "last_reserved_ip.0".into(), "lock".into()];
+    after.sort();
+    assert_eq!(reservations(), after, "B's reservation kept");
+    assert_eq!(cids_of_endpoints(&w), std::slice::from_ref(&a));
+    assert!(host_link_exists(&host_veth(&a)));
+    // Idempotent; and the released address is host-local's to give again.
+    gc(&w, &gc_conf).assert_ok();
+    assert_eq!(reservations(), after);
+    let (nc, c) = (Netns::new(), container_id());
+    w.plugin("ADD", &c, &nc.path(), &conf, "", None).assert_ok();
+    for (cid, ns) in [(&a, &na), (&c, &nc)] {
+        w.plugin("DEL", cid, &ns.path(), &conf, "", None)
+            .assert_ok();
+    }
+    assert_eq!(reservations(), ["last_reserved_ip.0", "lock"]);
+    assert!(cids_of_endpoints(&w).is_empty());
+}

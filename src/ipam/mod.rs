@@ -1,12 +1,14 @@
 //! Address management: the IPAM plugin the `calico` plugin delegates to
-//! (with host-local's special cases, [`host_local`]), Calico's own IPAM
-//! ([`calico`]) and the `calico-ipam` personality ([`personality`]). When
+//! (with host-local's special cases, [`host_local`], and the GC host-local
+//! lacks, [`host_local_gc`]), Calico's own IPAM ([`calico`]) and the
+//! `calico-ipam` personality ([`personality`]). When
 //! the configured IPAM is calico-ipam and the `calico-ipam` found in
 //! `CNI_PATH` is this very executable, the [`Driver`] runs it in process
 //! instead of exec'ing a second copy of itself.
 
 pub mod calico;
 pub mod host_local;
+pub mod host_local_gc;
 mod personality;
 
 use std::collections::BTreeMap;

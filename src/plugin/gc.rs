@@ -4,7 +4,8 @@
 //! Kubernetes datastore the record is the pod, which is not ours to
 //! remove), their host veths, and the IPAM allocations (calico-ipam's
 //! handles of this network on this node; a delegated IPAM gets GC with
-//! the same list). Without the list nothing is removed. Every item is
+//! the same list, and host-local, which collects nothing itself, has its
+//! reservations collected here). Without the list nothing is removed. Every item is
 //! tried; the errors are reported together at the end.
 
 use std::collections::HashSet;
@@ -15,14 +16,16 @@ use crate::cni::{Error, Result};
 use crate::dataplane::linux::delete_host_veth;
 use crate::datastore::model::WorkloadEndpoint;
 use crate::datastore::{ListFilter, Precondition};
+use crate::ipam::host_local_gc;
 use crate::plugin::context::Context;
 
 /// cmdGC.
 pub async fn cmd_gc(ctx: &Context) -> Result<()> {
     let mut errors = Vec::new();
-    match ctx.req.valid_attachments()? {
+    let valid = ctx.req.valid_attachments()?;
+    match &valid {
         Some(valid) => {
-            if let Err(e) = remove_stale_endpoints(ctx, &valid).await {
+            if let Err(e) = remove_stale_endpoints(ctx, valid).await {
                 errors.push(e.to_string());
             }
         }
@@ -36,11 +39,35 @@ pub async fn cmd_gc(ctx: &Context) -> Result<()> {
     if let Err(e) = ipam {
         errors.push(e.to_string());
     }
+    // host-local collects nothing itself: its reservations, as it keeps them.
+    if let Some(valid) = valid
+        && ctx.req.conf.ipam.kind == "host-local"
+        && let Err(e) = collect_host_local(ctx, valid).await
+    {
+        errors.push(e.to_string());
+    }
     if errors.is_empty() {
         Ok(())
     } else {
         Err(Error::Datastore(format!("GC: {}", errors.join("; "))))
     }
+}
+
+/// host-local's reservations of this network for attachments not in
+/// `valid`, released under its lock (file I/O on the blocking pool).
+async fn collect_host_local(ctx: &Context, valid: Vec<Attachment>) -> Result<()> {
+    let ipam = ctx.req.raw.get("ipam").cloned().unwrap_or_default();
+    let dir = host_local_gc::network_dir(&ipam, &ctx.req.conf.name);
+    let deadline = ctx.deadline().into_std();
+    let collected =
+        tokio::task::spawn_blocking(move || host_local_gc::collect(&dir, &valid, deadline))
+            .await
+            .map_err(|e| Error::Internal(format!("host-local GC stopped: {e}")))?
+            .map_err(|e| Error::Ipam(format!("host-local GC: {e}")))?;
+    if !collected.released.is_empty() {
+        tracing::info!(released = ?collected.released, kept = collected.kept, "host-local GC");
+    }
+    Ok(())
 }
 
 /// Whether `wep` is one of this network's: a plain CNI endpoint carries the
