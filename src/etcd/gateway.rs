@@ -391,8 +391,40 @@ fn classify(status: http::StatusCode, value: &Value) -> Failed {
         // compared on a revision, so sending one again after an ambiguous
         // failure cannot apply it twice: it fails its compare instead.
         14 => (EtcdError::Unavailable(text), true),
+        // ResourceExhausted "too many requests": the member's apply lags
+        // its commits, and it refused the request before proposing it; the
+        // next member (or the next round) can take it. (Other
+        // ResourceExhausted answers, a full database say, do not pass.)
+        8 if message.contains("too many requests") => (EtcdError::Unavailable(text), true),
         _ if message.contains("timed out") => (EtcdError::Timeout(text), false),
         _ => (EtcdError::Server(text), false),
     };
     Failed { error, try_next }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_etcds_error_answers() {
+        let answer = |code: u64, message: &str| json!({"code": code, "message": message});
+        let c = |status: u16, v: Value| {
+            let f = classify(http::StatusCode::from_u16(status).unwrap(), &v);
+            (f.try_next, f.error)
+        };
+        let (next, e) = c(503, answer(14, "etcdserver: leader changed"));
+        assert!(next && matches!(e, EtcdError::Unavailable(_)), "{e}");
+        let (next, e) = c(429, answer(8, "etcdserver: too many requests"));
+        assert!(next && matches!(e, EtcdError::Unavailable(_)), "{e}");
+        let (next, e) = c(429, answer(8, "etcdserver: mvcc: database space exceeded"));
+        assert!(!next && matches!(e, EtcdError::Server(_)), "{e}");
+        let (next, e) = c(401, answer(16, "etcdserver: invalid auth token"));
+        assert!(!next && matches!(e, EtcdError::Unauthorized(_)), "{e}");
+        let (next, e) = c(504, answer(4, "context deadline exceeded"));
+        assert!(!next && matches!(e, EtcdError::Timeout(_)), "{e}");
+        // Not etcd's shape (a proxy's page): final.
+        let (next, e) = c(429, json!({"text": "slow down"}));
+        assert!(!next && matches!(e, EtcdError::Server(_)), "{e}");
+    }
 }
