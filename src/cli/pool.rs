@@ -302,32 +302,6 @@ fn allocated(block: &IpamBlock) -> usize {
         .count()
 }
 
-fn precondition_of<R: Resource>(r: &R) -> Precondition {
-    let meta = r.metadata();
-    Precondition {
-        resource_version: Some(meta.resource_version.clone()),
-        uid: Some(meta.uid.clone()).filter(|u| !u.is_empty()),
-    }
-}
-
-/// Deletes softly, as the allocator does: marked deleted on the revision
-/// read, then deleted on the revision that wrote.
-async fn soft_delete<R: Resource>(
-    store: &dyn Store,
-    resource: &mut R,
-    mark: impl FnOnce(&mut R),
-) -> Result<(), DatastoreError> {
-    mark(resource);
-    let marked = store.update(resource).await?;
-    match store
-        .delete::<R>("", &marked.metadata().name, &precondition_of(&marked))
-        .await
-    {
-        Ok(()) | Err(DatastoreError::NotFound(_)) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
 /// Removes the pool, refusing while addresses are allocated in it.
 pub async fn remove(store: &dyn Store, name: &str) -> Result<Report, String> {
     let pool = store
@@ -363,7 +337,7 @@ pub async fn remove(store: &dyn Store, name: &str) -> Result<Report, String> {
         ));
     }
     match store
-        .delete::<IpPool>("", name, &precondition_of(&pool))
+        .delete::<IpPool>("", name, &Precondition::exactly(pool.metadata()))
         .await
     {
         Ok(()) => {}
@@ -384,7 +358,9 @@ pub async fn remove(store: &dyn Store, name: &str) -> Result<Report, String> {
     for mut block in blocks {
         let cidr = block.spec.cidr.clone();
         block.spec.sequence_number += 1;
-        if let Err(e) = soft_delete(store, &mut block, |b| b.spec.deleted = true).await
+        if let Err(e) = store
+            .soft_delete(&mut block, |b| b.spec.deleted = true)
+            .await
             && !matches!(e, DatastoreError::NotFound(_))
         {
             report.stderr.push_str(&format!(
@@ -410,7 +386,9 @@ pub async fn remove(store: &dyn Store, name: &str) -> Result<Report, String> {
             continue;
         }
         let what = affinity.metadata.name.clone();
-        if let Err(e) = soft_delete(store, &mut affinity, |a| a.spec.deleted = "true".into()).await
+        if let Err(e) = store
+            .soft_delete(&mut affinity, |a| a.spec.deleted = "true".into())
+            .await
             && !matches!(e, DatastoreError::NotFound(_))
         {
             report.stderr.push_str(&format!(

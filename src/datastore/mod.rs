@@ -166,6 +166,16 @@ pub struct Precondition {
     pub uid: Option<String>,
 }
 
+impl Precondition {
+    /// Exactly the object as read: its revision, and its uid when it has one.
+    pub fn exactly(meta: &ObjectMeta) -> Precondition {
+        Precondition {
+            resource_version: Some(meta.resource_version.clone()),
+            uid: Some(meta.uid.clone()).filter(|u| !u.is_empty()),
+        }
+    }
+}
+
 /// Which objects of a kind (in one namespace) a list returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListFilter {
@@ -347,6 +357,32 @@ impl dyn Store + '_ {
     ) -> Result<(), DatastoreError> {
         self.delete_object(R::KIND, namespace, name, precondition)
             .await
+    }
+
+    /// Deletes a cluster-scoped resource exactly as read (see
+    /// [`Precondition::exactly`]); gone already is fine.
+    pub async fn delete_as_read<R: Resource>(&self, resource: &R) -> Result<(), DatastoreError> {
+        let meta = resource.metadata();
+        match self
+            .delete::<R>("", &meta.name, &Precondition::exactly(meta))
+            .await
+        {
+            Ok(()) | Err(DatastoreError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes a cluster-scoped resource softly, as Calico's IPAM does:
+    /// `mark` applied and written on the revision read (readers then skip
+    /// it), then deleted on the revision that wrote.
+    pub async fn soft_delete<R: Resource>(
+        &self,
+        resource: &mut R,
+        mark: impl FnOnce(&mut R),
+    ) -> Result<(), DatastoreError> {
+        mark(resource);
+        let marked = self.update(resource).await?;
+        self.delete_as_read(&marked).await
     }
 
     /// ClusterInformation `default` has spec.datastoreReady == true (an

@@ -170,17 +170,18 @@ impl<'a> Allocator<'a> {
     /// (the next reader tries again).
     async fn finish_delete<R: Resource>(&self, resource: &R) {
         let meta = resource.metadata();
-        let pre = Precondition {
-            resource_version: Some(meta.resource_version.clone()),
-            uid: Some(meta.uid.clone()).filter(|u| !u.is_empty()),
-        };
-        match self.store.delete::<R>("", &meta.name, &pre).await {
+        let name = &meta.name;
+        match self
+            .store
+            .delete::<R>("", name, &Precondition::exactly(meta))
+            .await
+        {
             Ok(()) => {
                 self.finished.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(name = %meta.name, "finished an interrupted delete");
+                tracing::info!(%name, "finished an interrupted delete");
             }
             Err(DatastoreError::NotFound(_) | DatastoreError::Conflict(_)) => {}
-            Err(e) => tracing::debug!(name = %meta.name, "finishing an interrupted delete: {e}"),
+            Err(e) => tracing::debug!(%name, "finishing an interrupted delete: {e}"),
         }
     }
 
@@ -189,26 +190,6 @@ impl<'a> Allocator<'a> {
     async fn put_block(&self, block: &mut IpamBlock) -> Result<IpamBlock, DatastoreError> {
         block.spec.sequence_number += 1;
         self.store.update(block).await
-    }
-
-    /// Deletes a resource softly: `deleted` set on the revision read, then
-    /// a delete on the revision that wrote.
-    async fn soft_delete<R: Resource>(
-        &self,
-        resource: &mut R,
-        mark: impl FnOnce(&mut R),
-    ) -> Result<(), DatastoreError> {
-        mark(resource);
-        let marked = self.store.update(resource).await?;
-        let meta = marked.metadata();
-        let pre = Precondition {
-            resource_version: Some(meta.resource_version.clone()),
-            uid: Some(meta.uid.clone()).filter(|u| !u.is_empty()),
-        };
-        match self.store.delete::<R>("", &meta.name, &pre).await {
-            Ok(()) | Err(DatastoreError::NotFound(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
     }
 
     /// The handle named `name`, unless absent or soft-deleted.
@@ -299,7 +280,9 @@ impl<'a> Allocator<'a> {
                 }
             }
             let result = if h.spec.block.is_empty() {
-                self.soft_delete(&mut h, |h| h.spec.deleted = true).await
+                self.store
+                    .soft_delete(&mut h, |h| h.spec.deleted = true)
+                    .await
             } else {
                 self.store.update(&mut h).await.map(|_| ())
             };
@@ -596,6 +579,7 @@ impl<'a> Allocator<'a> {
     async fn drop_affinity(&self, mut affinity: BlockAffinity) {
         let name = affinity.metadata.name.clone();
         if let Err(e) = self
+            .store
             .soft_delete(&mut affinity, |a| a.spec.deleted = "true".into())
             .await
         {
@@ -791,7 +775,11 @@ impl<'a> Allocator<'a> {
                     .release_in_block(&cidr, |b| block::release_handle(b, handle))
                     .await?;
             }
-            match self.soft_delete(&mut h, |h| h.spec.deleted = true).await {
+            match self
+                .store
+                .soft_delete(&mut h, |h| h.spec.deleted = true)
+                .await
+            {
                 Ok(()) | Err(DatastoreError::NotFound(_)) => return Ok(Some(freed)),
                 // Written meanwhile (an ADD under the same handle): again.
                 Err(DatastoreError::Conflict(_)) => continue,
@@ -819,7 +807,9 @@ impl<'a> Allocator<'a> {
             }
             let result = if block::is_empty(&blk.spec) && blk.spec.affinity.is_none() {
                 blk.spec.sequence_number += 1;
-                self.soft_delete(&mut blk, |b| b.spec.deleted = true).await
+                self.store
+                    .soft_delete(&mut blk, |b| b.spec.deleted = true)
+                    .await
             } else {
                 self.put_block(&mut blk).await.map(|_| ())
             };
