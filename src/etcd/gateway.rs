@@ -8,7 +8,6 @@
 //! so a transaction is never sent twice.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -22,9 +21,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::{
-    Compare, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, REQUEST_TIMEOUT, Txn, TxnResponse,
-};
+use super::endpoints::{Endpoints, Failed, Round};
+use super::{Compare, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, Txn, TxnResponse};
 
 /// How long connecting to one member may take before the next is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -38,34 +36,13 @@ type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Byte
 #[derive(Clone)]
 pub struct Gateway {
     client: HttpsClient,
-    endpoints: Arc<Vec<String>>,
-    /// The endpoint that answered last.
-    preferred: Arc<AtomicUsize>,
-}
-
-/// How a round of the endpoints failed: for good, or with every endpoint
-/// unable to serve (their errors).
-enum Round {
-    Final(EtcdError),
-    Retryable(Vec<String>),
-}
-
-/// Why one attempt failed, and whether the next endpoint may be tried.
-struct Failed {
-    error: EtcdError,
-    try_next: bool,
+    endpoints: Endpoints,
 }
 
 impl Gateway {
     pub fn new(conf: &EtcdConfig) -> Result<Gateway, EtcdError> {
+        let endpoints = Endpoints::new(conf)?;
         let needs_tls = conf.endpoints.iter().any(|e| e.starts_with("https://"));
-        for e in &conf.endpoints {
-            if !(e.starts_with("https://") || e.starts_with("http://")) {
-                return Err(EtcdError::Config(format!(
-                    "etcd endpoint {e:?} is not an http:// or https:// URL"
-                )));
-            }
-        }
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -89,20 +66,11 @@ impl Gateway {
             .enable_http1()
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new()).build(connector);
-        Ok(Gateway {
-            client,
-            endpoints: Arc::new(
-                conf.endpoints
-                    .iter()
-                    .map(|e| e.trim_end_matches('/').to_string())
-                    .collect(),
-            ),
-            preferred: Arc::new(AtomicUsize::new(0)),
-        })
+        Ok(Gateway { client, endpoints })
     }
 
     pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
+        self.endpoints.urls()
     }
 
     /// POSTs `body` to `path` on the endpoints in turn, bounded by the
@@ -113,65 +81,26 @@ impl Gateway {
         let started = Instant::now();
         let mut pause = Duration::from_millis(100);
         loop {
-            let errors = match self.round(path, &bytes, deadline).await {
+            let round = self
+                .endpoints
+                .round(path, deadline, |i| {
+                    self.attempt(&self.endpoints.urls()[i], path, bytes.clone())
+                })
+                .await;
+            let errors = match round {
                 Ok(v) => return Ok(v),
-                Err(Round::Final(e)) => return Err(e),
                 Err(Round::Retryable(errors)) => errors,
+                Err(failed) => return Err(failed.into_error()),
             };
             let now = Instant::now();
             let within = now.duration_since(started) + pause < RETRY_WINDOW;
             if errors.is_empty() || !within || now + pause >= deadline {
-                if errors.is_empty() {
-                    return Err(EtcdError::Timeout(
-                        "the deadline passed before etcd could be asked".into(),
-                    ));
-                }
-                return Err(EtcdError::Unavailable(format!(
-                    "no etcd endpoint could serve the request: {}",
-                    errors.join("; ")
-                )));
+                return Err(Round::Retryable(errors).into_error());
             }
             tracing::debug!(%path, "no etcd endpoint could serve the request; again in {pause:?}");
             tokio::time::sleep(pause).await;
             pause *= 2;
         }
-    }
-
-    /// One round of the endpoints, from the one that answered last.
-    async fn round(&self, path: &str, bytes: &Bytes, deadline: Instant) -> Result<Value, Round> {
-        let n = self.endpoints.len();
-        let first = self.preferred.load(Ordering::Relaxed) % n;
-        let mut errors = Vec::new();
-        for i in 0..n {
-            let index = (first + i) % n;
-            let endpoint = &self.endpoints[index];
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                break;
-            }
-            let limit = remaining.min(REQUEST_TIMEOUT);
-            let attempt = self.attempt(endpoint, path, bytes.clone());
-            match tokio::time::timeout(limit, attempt).await {
-                Ok(Ok(v)) => {
-                    self.preferred.store(index, Ordering::Relaxed);
-                    return Ok(v);
-                }
-                Ok(Err(Failed { error, try_next })) => {
-                    tracing::debug!(%endpoint, %path, "etcd request failed: {error}");
-                    if !try_next {
-                        return Err(Round::Final(error));
-                    }
-                    errors.push(format!("{endpoint}: {error}"));
-                }
-                Err(_) => {
-                    return Err(Round::Final(EtcdError::Timeout(format!(
-                        "no answer from etcd ({endpoint}{path}) within {:.1}s",
-                        limit.as_secs_f64()
-                    ))));
-                }
-            }
-        }
-        Err(Round::Retryable(errors))
     }
 
     async fn attempt(&self, endpoint: &str, path: &str, body: Bytes) -> Result<Value, Failed> {

@@ -17,7 +17,6 @@
 //! the first request to its endpoint.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
@@ -27,21 +26,18 @@ use etcd_client::{
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::{
-    Compare, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, REQUEST_TIMEOUT, Txn, TxnResponse,
-};
+use super::endpoints::{Endpoints, Failed, Round};
+use super::{Compare, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, Txn, TxnResponse};
 
 /// How long connecting to one member may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct Grpc {
-    endpoints: Arc<Vec<String>>,
+    endpoints: Endpoints,
     options: ConnectOptions,
     /// One client per endpoint, made at its first use.
     clients: Arc<Vec<OnceCell<Client>>>,
-    /// The endpoint that answered last.
-    preferred: Arc<AtomicUsize>,
 }
 
 fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, EtcdError> {
@@ -51,13 +47,9 @@ fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, EtcdError> {
 
 impl Grpc {
     pub fn new(conf: &EtcdConfig) -> Result<Grpc, EtcdError> {
+        let endpoints = Endpoints::new(conf)?;
         let https = conf.endpoints.iter().any(|e| e.starts_with("https://"));
         for e in &conf.endpoints {
-            if !(e.starts_with("https://") || e.starts_with("http://")) {
-                return Err(EtcdError::Config(format!(
-                    "etcd endpoint {e:?} is not an http:// or https:// URL"
-                )));
-            }
             if https && e.starts_with("http://") {
                 return Err(EtcdError::Config(
                     "etcd endpoints mix http:// and https:// URLs".into(),
@@ -86,20 +78,14 @@ impl Grpc {
             options = options.with_tls(tls);
         }
         Ok(Grpc {
-            endpoints: Arc::new(
-                conf.endpoints
-                    .iter()
-                    .map(|e| e.trim_end_matches('/').to_string())
-                    .collect(),
-            ),
-            options,
             clients: Arc::new(conf.endpoints.iter().map(|_| OnceCell::new()).collect()),
-            preferred: Arc::new(AtomicUsize::new(0)),
+            endpoints,
+            options,
         })
     }
 
     pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
+        self.endpoints.urls()
     }
 
     /// Runs `call` on the endpoints' clients in turn, bounded by the
@@ -109,53 +95,24 @@ impl Grpc {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let n = self.endpoints.len();
-        let first = self.preferred.load(Ordering::Relaxed) % n;
-        let mut errors = Vec::new();
-        for i in 0..n {
-            let index = (first + i) % n;
-            let endpoint = &self.endpoints[index];
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                break;
-            }
-            let limit = remaining.min(REQUEST_TIMEOUT);
-            let attempt = async {
-                let client = self.clients[index]
-                    .get_or_try_init(|| Client::connect([endpoint], Some(self.options.clone())))
-                    .await?;
-                call(client.clone()).await
-            };
-            match tokio::time::timeout(limit, attempt).await {
-                Ok(Ok(v)) => {
-                    self.preferred.store(index, Ordering::Relaxed);
-                    return Ok(v);
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(%endpoint, %what, "etcd request failed: {e}");
+        let what = format!(", {what}");
+        let call = &call;
+        self.endpoints
+            .round(&what, deadline, |index| async move {
+                let endpoint = &self.endpoints.urls()[index];
+                let answer = async {
+                    let client = self.clients[index]
+                        .get_or_try_init(|| Client::connect([endpoint], Some(self.options.clone())))
+                        .await?;
+                    call(client.clone()).await
+                };
+                answer.await.map_err(|e| {
                     let (error, try_next) = classify(e);
-                    if !try_next {
-                        return Err(error);
-                    }
-                    errors.push(format!("{endpoint}: {error}"));
-                }
-                Err(_) => {
-                    return Err(EtcdError::Timeout(format!(
-                        "no answer from etcd ({endpoint}, {what}) within {:.1}s",
-                        limit.as_secs_f64()
-                    )));
-                }
-            }
-        }
-        if errors.is_empty() {
-            return Err(EtcdError::Timeout(
-                "the deadline passed before etcd could be asked".into(),
-            ));
-        }
-        Err(EtcdError::Unavailable(format!(
-            "no etcd endpoint answered: {}",
-            errors.join("; ")
-        )))
+                    Failed { error, try_next }
+                })
+            })
+            .await
+            .map_err(Round::into_error)
     }
 
     pub async fn range(

@@ -9,6 +9,7 @@
 //! links: BENCHMARKS.md has the measurements against the etcd-client crate
 //! (gRPC over tonic) that made the choice.
 
+mod endpoints;
 #[cfg(not(feature = "etcd-grpc"))]
 mod gateway;
 #[cfg(feature = "etcd-grpc")]
