@@ -43,20 +43,22 @@ fn embedded_store_with_host_local() {
     }
     let s = Setup::new("1.0.0", false);
     let kill = |step: &'static str| [("CALICO_CNI_KILL_AFTER", step)];
-    for step in ADD_STEPS {
-        let (ns, cid) = (Netns::new(), container_id());
-        let out = s.run_with("ADD", &cid, &ns.path(), "eth0", &s.conf, &kill(step));
-        assert_killed(&out, step);
-        s.run("DEL", &cid, &ns.path(), "eth0").assert_ok();
-        s.run("DEL", &cid, &ns.path(), "eth0").assert_ok();
-        let what = format!("ADD killed after {step}");
-        assert_no_host_state(&host_veth(&cid), &ns, &what);
+    let assert_clean = |cid: &str, ns: &Netns, what: &str| {
+        assert_no_host_state(&host_veth(cid), ns, what);
         assert!(
             s.reservations().is_empty(),
             "{what}: {:?}",
             s.reservations()
         );
         assert!(s.endpoints().is_empty(), "{what}: endpoint left");
+    };
+    for step in ADD_STEPS {
+        let (ns, cid) = (Netns::new(), container_id());
+        let out = s.run_with("ADD", &cid, &ns.path(), "eth0", &s.conf, &kill(step));
+        assert_killed(&out, step);
+        s.run("DEL", &cid, &ns.path(), "eth0").assert_ok();
+        s.run("DEL", &cid, &ns.path(), "eth0").assert_ok();
+        assert_clean(&cid, &ns, &format!("ADD killed after {step}"));
     }
     for step in DEL_STEPS {
         let (ns, cid) = (Netns::new(), container_id());
@@ -64,14 +66,7 @@ fn embedded_store_with_host_local() {
         let out = s.run_with("DEL", &cid, &ns.path(), "eth0", &s.conf, &kill(step));
         assert_killed(&out, step);
         s.run("DEL", &cid, &ns.path(), "eth0").assert_ok();
-        let what = format!("DEL killed after {step}");
-        assert_no_host_state(&host_veth(&cid), &ns, &what);
-        assert!(
-            s.reservations().is_empty(),
-            "{what}: {:?}",
-            s.reservations()
-        );
-        assert!(s.endpoints().is_empty(), "{what}: endpoint left");
+        assert_clean(&cid, &ns, &format!("DEL killed after {step}"));
     }
 }
 

@@ -129,6 +129,19 @@ fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
 
+/// The address ranges of the first slot, from `start` on, that overlaps
+/// none of the ranges `taken` on `where_`.
+fn free_slot(start: u32, taken: &[IpNet], where_: &str) -> (IpNet, IpNet) {
+    let slot = (0..SLOTS)
+        .map(|_| (start + SLOT.fetch_add(1, Ordering::Relaxed)) % SLOTS)
+        .find(|&s| {
+            let (a, b) = slot_nets(s);
+            !taken.iter().any(|t| overlaps(t, &a) || overlaps(t, &b))
+        })
+        .unwrap_or_else(|| panic!("a free address range on {where_}"));
+    slot_nets(slot)
+}
+
 fn slot_nets(slot: u32) -> (IpNet, IpNet) {
     let (x, k) = (200 + slot / 16, slot % 16);
     (
@@ -181,14 +194,7 @@ impl World {
                     let list = bed.get(&format!("/apis/{CRD_API}/{plural}")).expect("list");
                     taken.extend(list["items"].as_array().unwrap().iter().filter_map(cidr_of));
                 }
-                let slot = (0..SLOTS)
-                    .map(|_| (start + SLOT.fetch_add(1, Ordering::Relaxed)) % SLOTS)
-                    .find(|&s| {
-                        let (a, b) = slot_nets(s);
-                        !taken.iter().any(|t| overlaps(t, &a) || overlaps(t, &b))
-                    })
-                    .expect("a free address range on the test bed");
-                (world.v4_base, world.v6_base) = slot_nets(slot);
+                (world.v4_base, world.v6_base) = free_slot(start, &taken, "the test bed");
                 let label = unique();
                 let node = bed.node(&format!("node-{}", unique()));
                 bed.merge_patch(
@@ -239,14 +245,7 @@ impl World {
             let list = block_on(s.list_objects(kind, "", &ListFilter::All)).unwrap();
             taken.extend(list.iter().filter_map(cidr_of));
         }
-        let slot = (0..SLOTS)
-            .map(|_| (start + SLOT.fetch_add(1, Ordering::Relaxed)) % SLOTS)
-            .find(|&s| {
-                let (a, b) = slot_nets(s);
-                !taken.iter().any(|t| overlaps(t, &a) || overlaps(t, &b))
-            })
-            .expect("a free address range on the etcd cluster");
-        (world.v4_base, world.v6_base) = slot_nets(slot);
+        (world.v4_base, world.v6_base) = free_slot(start, &taken, "the etcd cluster");
         world.node = format!("node-{}", unique());
         let node = json!({"kind": "Node", "apiVersion": "projectcalico.org/v3",
             "metadata": {"name": world.node, "labels": {"calico-test": etcd.label}},

@@ -392,3 +392,28 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .unwrap()
         .block_on(f)
 }
+
+/// A faulted ADD failed as it must: exit 1 with a CNI error JSON, within
+/// the deadline (`deadline_s`) and the rollback's own budget (5 s), with
+/// neither the pod's interface nor the host veth left.
+pub fn assert_failed_cleanly(
+    what: &str,
+    out: &Outcome,
+    took: std::time::Duration,
+    deadline_s: u64,
+    netns: &Netns,
+    host_veth: &str,
+) {
+    assert_eq!(out.code, 1, "{what}: {out:?}");
+    let reply: Value = out.json();
+    assert!(
+        reply["code"].as_u64().is_some() && reply["msg"].is_string(),
+        "{what}: {reply}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(deadline_s + 5 + 1),
+        "{what}: ADD took {took:?}"
+    );
+    assert!(netns.link("eth0").is_none(), "{what}: eth0 left");
+    assert!(!host_link_exists(host_veth), "{what}: host veth left");
+}
