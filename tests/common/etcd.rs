@@ -50,21 +50,7 @@ pub fn calico_etcd(test: &str) -> Option<EtcdAccess> {
 /// The peers' etcdctl (PEERS_BIN, or scripts/peers.sh's cache).
 fn etcdctl_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = match std::env::var("PEERS_BIN") {
-            Ok(b) => PathBuf::from(b),
-            Err(_) => {
-                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/peers.sh");
-                let out = Command::new("bash")
-                    .arg(script)
-                    .arg("--print-bin")
-                    .output()
-                    .expect("bash scripts/peers.sh --print-bin");
-                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-            }
-        };
-        dir.join("etcdctl")
-    })
+    BIN.get_or_init(|| super::testbed::peers_bin_dir().join("etcdctl"))
 }
 
 fn b64(s: &str) -> Vec<u8> {

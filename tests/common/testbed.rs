@@ -463,10 +463,10 @@ impl Drop for ServiceAccount {
     }
 }
 
-/// A peer binary built by `scripts/peers.sh` (PEERS_BIN, or the script's
-/// cache); `None` when it cannot run (see `cannot_run`).
-pub fn peer(test: &str, name: &str) -> Option<PathBuf> {
-    let bin = match std::env::var("PEERS_BIN") {
+/// Where `scripts/peers.sh` puts the peers' binaries: PEERS_BIN, or the
+/// script's cache.
+pub fn peers_bin_dir() -> PathBuf {
+    match std::env::var("PEERS_BIN") {
         Ok(b) => PathBuf::from(b),
         Err(_) => {
             let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/peers.sh");
@@ -474,11 +474,16 @@ pub fn peer(test: &str, name: &str) -> Option<PathBuf> {
                 .arg(script)
                 .arg("--print-bin")
                 .output()
-                .expect("bash");
+                .expect("bash scripts/peers.sh --print-bin");
             PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
         }
-    };
-    let path = bin.join(name);
+    }
+}
+
+/// A peer binary built by `scripts/peers.sh` (PEERS_BIN, or the script's
+/// cache); `None` when it cannot run (see `cannot_run`).
+pub fn peer(test: &str, name: &str) -> Option<PathBuf> {
+    let path = peers_bin_dir().join(name);
     if path.exists() {
         Some(path)
     } else {
