@@ -284,12 +284,7 @@ fn etcd_snapshot(
             }
             "IPAMHandle" => {
                 let handle: IpamHandle = serde_json::from_value(object).unwrap();
-                let ours = handle
-                    .spec
-                    .handle_id
-                    .strip_prefix(&format!("{NETWORK}."))
-                    .is_some_and(|cid| cids.contains(cid));
-                if ours || handle.spec.block.keys().any(|c| in_pool(pool, c)) {
+                if handle_in_scope(&handle, pool, cids) {
                     snap.handles.push(handle);
                 }
             }
@@ -350,6 +345,17 @@ fn in_pool(pool: &Ipv4Net, cidr: &str) -> bool {
     })
 }
 
+/// A handle of this run: one of its containers', or holding addresses in
+/// its pool.
+fn handle_in_scope(handle: &IpamHandle, pool: &Ipv4Net, cids: &HashSet<String>) -> bool {
+    let ours = handle
+        .spec
+        .handle_id
+        .strip_prefix(&format!("{NETWORK}."))
+        .is_some_and(|cid| cids.contains(cid));
+    ours || handle.spec.block.keys().any(|c| in_pool(pool, c))
+}
+
 fn kdd_snapshot(
     bed: &Testbed,
     namespace: &str,
@@ -387,12 +393,7 @@ fn kdd_snapshot(
         }
         for h in items(&lists[0].1) {
             let handle: IpamHandle = serde_json::from_value(h).unwrap();
-            let ours = handle
-                .spec
-                .handle_id
-                .strip_prefix(&format!("{NETWORK}."))
-                .is_some_and(|cid| cids.contains(cid));
-            if ours || handle.spec.block.keys().any(|c| in_pool(pool, c)) {
+            if handle_in_scope(&handle, pool, cids) {
                 snap.handles.push(handle);
             }
         }
