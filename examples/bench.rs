@@ -513,6 +513,77 @@ fn calico_ipam_plugin(calico: &Path, dir: &Path) -> Plugin {
     }
 }
 
+/// 50 entries of the release queue owed by a network that is gone (its
+/// IPAM plugin and CNI_PATH removed), every one due, in `dir`.
+fn stale_queue(dir: &Path, count: usize) {
+    let network = dir.join("gone-network");
+    std::fs::create_dir_all(&network).expect("queue dir");
+    for i in 0..count {
+        let cid = format!("{i:04}gonebench");
+        let entry = json!({
+            "network": "gone-network", "container_id": cid, "ifname": "eth0",
+            "config": {"cniVersion": "1.0.0", "name": "gone-network", "type": "calico",
+                       "nodename": "bench-node", "ipam": {"type": "host-local", "subnet": "10.247.0.0/16"}},
+            "vars": {"CNI_CONTAINERID": cid, "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent/cni/bin"},
+            "error": "IPAM datastore unreachable", "attempts": 0, "since": 0, "next_attempt": 0
+        });
+        let path = network.join(format!("{cid}+eth0.json"));
+        std::fs::write(&path, entry.to_string()).expect("queue entry");
+        let f = std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .expect("entry");
+        f.set_modified(std::time::UNIX_EPOCH).expect("due");
+    }
+}
+
+/// The release queue's tax on a healthy network: our ADD p50 (conc 1) with
+/// an empty queue and with 50 due entries of a network that is gone,
+/// alternating rounds (ABBA); the medians of the rounds' p50s and whether
+/// the entries stayed untouched.
+fn queue_tax(p: &Plugin, work: &Path, n: usize, rounds: usize) -> (Duration, Duration, bool) {
+    let empty = work.join("queue-empty");
+    let stale = work.join("queue-stale");
+    stale_queue(&stale, 50);
+    let listing = || {
+        let mut v: Vec<_> = std::fs::read_dir(stale.join("gone-network"))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| (e.path(), std::fs::read(e.path()).unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let before = listing();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    // ABBA: neither variant always runs second.
+    for r in 0..rounds.max(1) * 2 {
+        let mut order = [(&empty, &mut a), (&stale, &mut b)];
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        for (dir, into) in order {
+            let mut q = Plugin {
+                label: p.label,
+                binary: p.binary.clone(),
+                cni_path: p.cni_path.clone(),
+                conf: p.conf.clone(),
+                ipam_dir: p.ipam_dir.clone(),
+                store: p.store.clone(),
+            };
+            q.conf["release_queue_dir"] = json!(dir);
+            let tag = format!("bq{}{r}{}", std::process::id() % 10000, into.len() % 10);
+            let res = round(&q, n, 1, &tag);
+            into.push(res.add.p50);
+        }
+    }
+    a.sort();
+    b.sort();
+    (a[a.len() / 2], b[b.len() / 2], listing() == before)
+}
+
 fn main() {
     if let Err(e) = run() {
         eprintln!("bench failed: {e}");
@@ -598,6 +669,18 @@ fn run() -> Result<(), Failure> {
             }
         }
     }
+    // The release queue's tax on a healthy network (issue 18).
+    let (empty_p50, stale_p50, untouched) = queue_tax(&plugins[1], work.path(), o.n, o.rounds);
+    let queue_ratio = stale_p50.as_secs_f64() / empty_p50.as_secs_f64();
+    println!(
+        "\n| calico+host-local ADD p50 (conc 1) | empty queue ms | 50 due entries of a gone network ms | ratio | entries untouched |\n|---|---|---|---|---|"
+    );
+    println!(
+        "| release queue tax | {} | {} | {queue_ratio:.3} | {untouched} |",
+        ms(empty_p50),
+        ms(stale_p50)
+    );
+    bad |= !untouched;
     std::fs::write("/proc/sys/net/ipv4/ip_forward", fwd.trim())?;
 
     // Peak RSS of single calls: the largest of RSS_CALLS calls of each.
@@ -695,6 +778,9 @@ fn run() -> Result<(), Failure> {
         "| DEL p50, ours / kernel delete of a fresh veth pair (conc {c1}) | {del_ratio_fresh:.2} | (reference) |"
     );
     println!("| ADD throughput, ours / ptp (conc {cmax}) | {tput_ratio:.2} | >= 1.5 |");
+    println!(
+        "| ADD p50 with 50 stale entries of another network / empty queue | {queue_ratio:.3} | <= 1.05 |"
+    );
     println!("| peak RSS per call (max of {RSS_CALLS}), ours / ptp | {rss_ratio:.2} | <= 1.0 |");
     println!(
         "| calico binary size | {:.2} MB ({size} bytes) | <= 8 MB |",

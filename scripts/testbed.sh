@@ -23,7 +23,9 @@
 #   calico-cni ClusterRole (testbed/rbac.json: the permissions Calico's
 #   calico-cni role grants), a CNI kubeconfig holding a token minted for it
 #   with the TokenRequest API, ClusterInformation `default` with
-#   datastoreReady true (as calico-node makes it), an admin kubeconfig;
+#   datastoreReady true, IPAMConfig and KubeControllersConfiguration
+#   `default` (as calico-node and calico-kube-controllers make them), an
+#   admin kubeconfig;
 # - the sandbox image for containerd: the static pause binary packed as an
 #   OCI image layout tar (pause-image.tar, name $PAUSE_IMAGE).
 # Peers come from scripts/peers.sh (built first, cached).
@@ -295,8 +297,25 @@ calico_objects() {
   create /apis/crd.projectcalico.org/v1/clusterinformations "$(jq -n --arg guid "$(cat /proc/sys/kernel/random/uuid | tr -d -)" '{
     apiVersion: "crd.projectcalico.org/v1", kind: "ClusterInformation",
     metadata: {name: "default"},
-    spec: {clusterGUID: $guid, clusterType: "k8s,bgp,kdd", calicoVersion: "v3.31.0", datastoreReady: true}
+    spec: {clusterGUID: $guid, clusterType: "k8s,bgp,kdd", calicoVersion: "v3.32.1", datastoreReady: true}
   }')"
+  # IPAMConfig `default` as Calico v3.32 writes it when it finds none (its
+  # calico-ipam creates it, which the calico-cni role does not allow; in a
+  # cluster calico-node's start-up has made it before any pod).
+  create /apis/crd.projectcalico.org/v1/ipamconfigs '{
+    "apiVersion": "crd.projectcalico.org/v1", "kind": "IPAMConfig",
+    "metadata": {"name": "default"},
+    "spec": {"autoAllocateBlocks": true, "strictAffinity": false, "kubeVirtVMAddressPersistence": "Enabled"}
+  }'
+  # KubeControllersConfiguration `default` as calico-kube-controllers makes
+  # it (calicoctl ipam check reads it).
+  create /apis/crd.projectcalico.org/v1/kubecontrollersconfigurations '{
+    "apiVersion": "crd.projectcalico.org/v1", "kind": "KubeControllersConfiguration",
+    "metadata": {"name": "default"},
+    "spec": {"healthChecks": "Enabled", "logSeverityScreen": "Info", "etcdV3CompactionPeriod": "10m",
+             "controllers": {"node": {"reconcilerPeriod": "5m", "syncLabels": "Enabled", "leakGracePeriod": "15m"},
+                             "loadBalancer": {"assignIPs": "AllServices"}}}
+  }'
 }
 
 # The CNI's kubeconfig: a token minted for calico-cni-plugin (TokenRequest),

@@ -234,3 +234,124 @@ fn non_utf8_environment() {
     assert_ne!(reply["code"], 4, "{reply}");
     assert!(!reply["msg"].as_str().unwrap().contains("UTF-8"), "{reply}");
 }
+
+/// Calico's binaries read their flags with Go's `flag` package: parsing
+/// stops at the first argument that is not a flag and the rest is ignored,
+/// so a tool that passes the network config as an argument (Calico's own
+/// do, for DEL) gets a working plugin. ADD and DEL with such arguments, for
+/// both personalities, and nothing left.
+#[test]
+fn arguments_after_the_flags_are_ignored_as_go_does() {
+    let test = "arguments_after_the_flags_are_ignored_as_go_does";
+    if !common::root_or_skip(test) {
+        return;
+    }
+    let s = common::Setup::new("1.0.0", false);
+    let ns = common::Netns::new();
+    let cid = common::container_id();
+    let conf_file = s.dir.path().join("10-calico.conf");
+    std::fs::write(&conf_file, s.conf.to_string()).unwrap();
+    let conf_path = conf_file.to_str().unwrap();
+    let env = |command: &str| {
+        env_of(&[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", &cid),
+            ("CNI_NETNS", &ns.path()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", common::CNI_BIN),
+        ])
+    };
+    let conf = s.conf.to_string();
+    let out = common::exec_args(CALICO, &[conf_path, "-v", "--bogus"], &env("ADD"), &conf);
+    assert_eq!(s.reservations().len(), 1);
+    assert!(ns.link("eth0").is_some());
+    // Flags first, then the config path; `--` then anything.
+    let mut check = s.conf.clone();
+    check["prevResult"] = out.assert_ok().json();
+    let out = common::exec_args(
+        CALICO,
+        &["-v=false", conf_path],
+        &env("CHECK"),
+        &check.to_string(),
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let out = common::exec_args(CALICO, &["--", "-t", conf_path], &env("DEL"), &conf);
+    out.assert_ok();
+    assert!(s.reservations().is_empty(), "{:?}", s.reservations());
+    assert!(ns.link("eth0").is_none());
+    assert!(s.endpoints().is_empty());
+
+    // calico-ipam likewise.
+    let (_d, ipam) = linked_as("calico-ipam");
+    let out = common::exec_args(&ipam, &["ipam", "pool", "list"], &env("VERSION"), "");
+    out.assert_ok();
+    assert!(out.json()["supportedVersions"].is_array());
+}
+
+/// What Calico's v3.32.1 binaries answer for a command line, ours answers:
+/// the same exit code and, for help and usage errors, the same text.
+#[test]
+fn flags_answer_as_calicos_binary_does() {
+    let test = "flags_answer_as_calicos_binary_does";
+    let Some(theirs) = common::testbed::peer(test, "calico-v3.32.1/calico") else {
+        return;
+    };
+    let theirs_ipam = theirs.with_file_name("calico-ipam");
+    let (_d, ours_ipam) = linked_as("calico-ipam");
+    let lines: &[&[&str]] = &[
+        &["-h"],
+        &["--help"],
+        &["-help=1"],
+        &["-bogus"],
+        &["--bogus=1"],
+        &["-v=maybe"],
+        &["---v"],
+        &["-=x"],
+        &["-t=x"],
+        &["-upgrade"],
+        &["foo"],
+        &["foo", "-bogus"],
+        &["--", "-bogus"],
+        &["-", "-bogus"],
+        &["-v=false"],
+        &["-v=0", "-v=F"],
+    ];
+    for (ours, theirs) in [
+        (CALICO, theirs.to_str().unwrap()),
+        (ours_ipam.as_str(), theirs_ipam.to_str().unwrap()),
+    ] {
+        for args in lines {
+            if ours == ours_ipam && args[0] == "-upgrade" {
+                // calico-ipam's host-local migration: not built yet (it
+                // refuses, exit 1 as Calico's without its variables).
+                continue;
+            }
+            let a = common::exec_args(ours, args, &env_of(&[]), "");
+            let b = common::exec_args(theirs, args, &env_of(&[]), "");
+            assert_eq!(
+                a.code, b.code,
+                "{theirs} {args:?}: ours {a:?}, Calico's {b:?}"
+            );
+            assert_eq!(a.stdout, b.stdout, "{theirs} {args:?}");
+            if b.stderr.contains("Usage") {
+                assert_eq!(a.stderr, b.stderr, "{theirs} {args:?}");
+            } else {
+                // The about text: the same first words, our own version.
+                let first = |s: &str| s.split(" v").next().unwrap_or("").to_string();
+                assert_eq!(
+                    first(&a.stderr).split(' ').take(3).collect::<Vec<_>>(),
+                    first(&b.stderr).split(' ').take(3).collect::<Vec<_>>(),
+                    "{theirs} {args:?}: {a:?} {b:?}"
+                );
+            }
+        }
+        // -v prints a version and nothing else, whatever follows.
+        for args in [&["-v"][..], &["--v", "foo"], &["-v=true", "foo", "-bogus"]] {
+            let a = common::exec_args(ours, args, &env_of(&[]), "");
+            let b = common::exec_args(theirs, args, &env_of(&[]), "");
+            assert_eq!((a.code, b.code), (0, 0), "{args:?}");
+            assert_eq!(a.stdout.lines().count(), 1, "{a:?}");
+            assert_eq!(b.stdout.lines().count(), 1, "{b:?}");
+        }
+    }
+}

@@ -526,6 +526,92 @@ fn use_pod_cidr_takes_the_nodes_pod_cidr_and_custom_routes() {
     assert!(c.setup.reservations().is_empty());
 }
 
+/// Every range layout with `usePodCidr` that Calico accepts, with Debian's
+/// host-local (1.1.1) and upstream's (1.9.1, the peers build): ADD takes
+/// the Node's pod CIDRs, CHECK passes (the placeholders are made valid for
+/// it as for DEL), and DEL releases the reservation (its placeholders
+/// overlap no other range, which upstream host-local would refuse: "range
+/// set 0 overlaps with 1", and the address would stay reserved forever).
+#[test]
+fn use_pod_cidr_layouts_check_and_release_with_both_host_locals() {
+    let test = "use_pod_cidr_layouts_check_and_release_with_both_host_locals";
+    let Some(mut c) = Cluster::new(test, "kubernetes") else {
+        return;
+    };
+    let Some(upstream) = common::testbed::peer(test, "host-local") else {
+        return;
+    };
+    let upstream_dir = upstream.parent().unwrap().display().to_string();
+    let node = c.with_node();
+    let cidrs = node.get()["spec"]["podCIDRs"].clone();
+    let pod_v4: ipnet::IpNet = cidrs[0].as_str().unwrap().parse().unwrap();
+    let extra = format!("{}/24", c.setup.subnet.trim_end_matches("/24"));
+    let layouts = [
+        json!({"subnet": "usePodCidr"}),
+        json!({"ranges": [[{"subnet": "usePodCidr"}]]}),
+        json!({"ranges": [[{"subnet": "usePodCidr"}], [{"subnet": "usePodCidrIPv6"}]]}),
+        json!({"ranges": [[{"subnet": "usePodCidr"}], [{"subnet": "usePodCidrIPv6"}], [{"subnet": extra}]]}),
+        json!({"ranges": [[{"subnet": extra}], [{"subnet": "usePodCidr"}]],
+               "routes": [{"dst": "10.123.0.0/16"}], "include_default_routes": true}),
+        json!({"subnet": "usePodCidr", "ranges": [[{"subnet": "usePodCidrIPv6"}]]}),
+    ];
+    c.pod("pod1", json!({}));
+    for cni_path in [CNI_BIN.to_string(), upstream_dir] {
+        for layout in &layouts {
+            let mut conf = c.conf.clone();
+            let data_dir = conf["ipam"]["dataDir"].clone();
+            conf["ipam"] = json!({"type": "host-local", "dataDir": data_dir});
+            for (k, v) in layout.as_object().unwrap() {
+                if k == "include_default_routes" {
+                    conf[k] = v.clone();
+                } else {
+                    conf["ipam"][k] = v.clone();
+                }
+            }
+            let ns = Netns::new();
+            let cid = container_id();
+            let args = format!(
+                "K8S_POD_NAMESPACE={};K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid}",
+                c.ns.name
+            );
+            let run = |command: &str, conf: &Value| {
+                c.setup.run_with(
+                    command,
+                    &cid,
+                    &ns.path(),
+                    "eth0",
+                    conf,
+                    &[("CNI_ARGS", &args), ("CNI_PATH", &cni_path)],
+                )
+            };
+            let what = format!("{cni_path} {layout}");
+            let result = run("ADD", &conf).assert_ok().json();
+            let ips: Vec<ipnet::IpNet> = result["ips"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["address"].as_str().unwrap().parse().unwrap())
+                .collect();
+            assert!(
+                ips.iter().any(|ip| pod_v4.contains(&ip.addr())),
+                "{what}: {ips:?} from {pod_v4}"
+            );
+            assert!(!c.setup.reservations().is_empty(), "{what}");
+            let mut check = conf.clone();
+            check["prevResult"] = result.clone();
+            let out = run("CHECK", &check);
+            assert_eq!(out.code, 0, "{what}: CHECK {out:?}");
+            run("DEL", &conf).assert_ok();
+            assert!(
+                c.setup.reservations().is_empty(),
+                "{what}: DEL left {:?}",
+                c.setup.reservations()
+            );
+            assert!(ns.link("eth0").is_none(), "{what}");
+        }
+    }
+}
+
 /// A plain-HTTP readiness gate on loopback answering `status` to every
 /// request, until the process ends.
 fn readiness_gate(status: u16) -> String {

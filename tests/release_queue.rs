@@ -1,13 +1,17 @@
 //! The durable release queue: a DEL that cannot reach the datastore
 //! completes its local teardown, queues what it owes and fails retryably;
-//! STATUS reports the queue while it cannot drain; once the datastore is
-//! back the next call drains it, releasing exactly what the DEL owed and
-//! nothing of a newer sandbox of the same pod. On a private three-member
-//! etcd cluster whose quorum is taken away.
+//! STATUS answers not-ready while the datastore is down, and once it is
+//! back the next call drains the queue, releasing exactly what the DEL owed
+//! and nothing of a newer sandbox of the same pod (on a private three-member
+//! etcd cluster whose quorum is taken away). Entries of other networks, or
+//! of networks whose config is gone, cost a call nothing and never make
+//! STATUS fail; every attempt is counted and backed off; entries that
+//! cannot succeed become dead letters an operator lists and replays.
 
 mod common;
 
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use common::etcd::PrivateCluster;
 use common::ipam::{World, address};
@@ -17,15 +21,20 @@ use serde_json::{Value, json};
 const WEPS: &str = "/calico/resources/v3/projectcalico.org/workloadendpoints";
 
 fn queue(w: &World) -> Vec<Value> {
-    let dir = w.dir.path().join("cni-release-queue");
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-        .map(|e| serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap())
+    entries(&w.dir.path().join("cni-release-queue"))
+}
+
+/// The owed entries under a queue directory (one directory per network;
+/// the dead letters, `.dead`, apart).
+fn entries(queue: &Path) -> Vec<Value> {
+    entry_files(queue)
+        .iter()
+        .map(|p| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap())
         .collect()
+}
+
+fn entry_files(queue: &Path) -> Vec<PathBuf> {
+    common::queue_entry_files(queue)
 }
 
 #[test]
@@ -98,9 +107,18 @@ fn a_del_that_cannot_reach_the_datastore_is_queued_and_drained() {
             "{o}"
         );
     }
-    // STATUS tells the truth.
+    // STATUS tells the truth: the datastore cannot serve an ADD.
     let out = w.plugin("STATUS", "", "", &conf, "", None);
     assert_eq!(out.error_code(), 50, "{out:?}");
+    // That STATUS replayed each entry once at most (only those already
+    // due: the DELs took their deadline, the first pause is 5 s).
+    assert!(
+        queue(&w).iter().all(|o| o["attempts"].as_u64() <= Some(1)),
+        "{:?}",
+        queue(&w)
+    );
+    // (Made due, as time passing would.)
+    make_queue_due(&w.dir.path().join("cni-release-queue"));
 
     // The cluster comes back; before the queue drains, pod1 gets a new
     // sandbox B (same endpoint name, new container ID).
@@ -123,7 +141,7 @@ fn a_del_that_cannot_reach_the_datastore_is_queued_and_drained() {
     let ip_b = address(&rb, 0).addr();
     assert_ne!(ip_a, ip_b, "A's address is still held");
 
-    // STATUS drains everything: P's and A's releases are made, B is kept.
+    // STATUS drains what is due: P's and A's releases are made, B is kept.
     let out = w.plugin("STATUS", "", "", &conf, "", None);
     assert_eq!(out.code, 0, "{out:?}");
     assert!(queue(&w).is_empty(), "{:?}", queue(&w));
@@ -142,4 +160,423 @@ fn a_del_that_cannot_reach_the_datastore_is_queued_and_drained() {
         .assert_ok();
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
     assert!(access.keys(&format!("{WEPS}/")).is_empty());
+}
+
+/// An entry's schedule moved to the past (its modification time is when it
+/// is next due), as if its backoff had passed.
+fn make_due(entry: &Path) {
+    let f = std::fs::File::options().write(true).open(entry).unwrap();
+    f.set_modified(SystemTime::now() - Duration::from_secs(1))
+        .unwrap();
+}
+
+/// A stand-in for an IPAM plugin whose datastore can go away: every call
+/// is logged (`<command> <container ID>`), ADD gives the next address of
+/// its /24, DEL fails retryably (code 11) while `broken` exists.
+struct FlakyIpam {
+    dir: tempfile::TempDir,
+}
+
+impl FlakyIpam {
+    fn new(subnet: &str) -> FlakyIpam {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = subnet.trim_end_matches(".0/24");
+        let d = dir.path().display();
+        let script = format!(
+            r#"#!/bin/sh
+cat >/dev/null
+echo "$CNI_COMMAND $CNI_CONTAINERID" >>{d}/calls
+case "$CNI_COMMAND" in
+ADD)
+  n=$(( $(cat {d}/n 2>/dev/null || echo 1) + 1 )); echo $n >{d}/n
+  printf '{{"cniVersion":"1.0.0","ips":[{{"address":"{prefix}.%s/24"}}]}}' $n ;;
+DEL)
+  if [ -e {d}/broken ]; then
+    printf '{{"cniVersion":"1.0.0","code":11,"msg":"IPAM datastore unreachable"}}'; exit 1
+  fi ;;
+VERSION)
+  printf '{{"cniVersion":"1.0.0","supportedVersions":["0.3.1","0.4.0","1.0.0","1.1.0"]}}' ;;
+esac
+"#
+        );
+        let path = dir.path().join("flaky-ipam");
+        std::fs::write(&path, script).unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+        FlakyIpam { dir }
+    }
+
+    fn path(&self) -> String {
+        format!("{}:{}", self.dir.path().display(), common::CNI_BIN)
+    }
+
+    fn broken(&self, broken: bool) {
+        let flag = self.dir.path().join("broken");
+        if broken {
+            std::fs::write(flag, b"").unwrap();
+        } else {
+            let _ = std::fs::remove_file(flag);
+        }
+    }
+
+    /// The calls made so far of `command` for container `cid`.
+    fn calls(&self, command: &str, cid: &str) -> usize {
+        std::fs::read_to_string(self.dir.path().join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == format!("{command} {cid}"))
+            .count()
+    }
+}
+
+/// A plain-CNI network `name` with the flaky IPAM, its queue at `queue`.
+fn flaky_conf(s: &Setup, name: &str, queue: &Path) -> Value {
+    let mut conf = s.conf.clone();
+    conf["name"] = json!(name);
+    conf["ipam"] = json!({"type": "flaky-ipam"});
+    conf["release_queue_dir"] = json!(queue);
+    conf
+}
+
+fn run_in(s: &Setup, command: &str, cid: &str, netns: &str, conf: &Value, path: &str) -> Outcome {
+    s.run_with(command, cid, netns, "eth0", conf, &[("CNI_PATH", path)])
+}
+
+/// Stale entries of networks whose config is gone: `count` entries of
+/// network `name` whose IPAM plugin (and the CNI_PATH holding it) has been
+/// removed, every one due. One is made by a real DEL that could not reach
+/// its IPAM's datastore; the rest are copies of it under other container
+/// IDs, as more such DELs would have left them.
+fn stale_entries(s: &Setup, name: &str, queue: &Path, count: usize) -> Vec<String> {
+    let ipam = FlakyIpam::new(&s.subnet);
+    let conf = flaky_conf(s, name, queue);
+    let ns = Netns::new();
+    let cid = container_id();
+    run_in(s, "ADD", &cid, &ns.path(), &conf, &ipam.path()).assert_ok();
+    ipam.broken(true);
+    let out = run_in(s, "DEL", &cid, &ns.path(), &conf, &ipam.path());
+    assert_eq!(out.error_code(), 11, "{out:?}");
+    drop(ipam); // The plugin and its CNI_PATH directory are gone.
+    let dir = queue.join(name);
+    let first = entry_files(queue)
+        .into_iter()
+        .find(|p| p.starts_with(&dir))
+        .expect("the DEL's entry");
+    let entry: Value = serde_json::from_slice(&std::fs::read(&first).unwrap()).unwrap();
+    let mut cids = vec![cid];
+    for _ in 1..count {
+        let other = container_id();
+        let mut e = entry.clone();
+        e["container_id"] = json!(other);
+        e["vars"]["CNI_CONTAINERID"] = json!(other);
+        std::fs::write(dir.join(format!("{other}+eth0.json")), e.to_string()).unwrap();
+        cids.push(other);
+    }
+    for f in entry_files(queue) {
+        if f.starts_with(&dir) {
+            make_due(&f);
+        }
+    }
+    cids
+}
+
+/// The entries of network `name`, by container ID.
+fn of_network(queue: &Path, name: &str) -> Vec<Value> {
+    entries(queue)
+        .into_iter()
+        .filter(|e| e["network"] == json!(name))
+        .collect()
+}
+
+fn dead_letters(queue: &Path) -> Vec<Value> {
+    let Ok(networks) = std::fs::read_dir(queue.join(".dead")) else {
+        return Vec::new();
+    };
+    networks
+        .filter_map(Result::ok)
+        .filter_map(|n| std::fs::read_dir(n.path()).ok())
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .map(|e| serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap())
+        .collect()
+}
+
+/// The reproduction of the node-wide tax: 50 entries left by DELs of a
+/// network whose IPAM plugin and CNI_PATH are gone. A healthy network's
+/// ADD, CHECK and DEL do not touch them (not one replay: their files are
+/// unchanged); its STATUS answers ready. STATUS replays each due entry
+/// once, counting the attempt and backing it off (a second STATUS at once
+/// replays none); entries that cannot succeed become dead letters after
+/// five attempts, with one warning each; `calico ipam queue` lists them
+/// and, once the plugin is back, replays one.
+#[test]
+fn other_networks_stale_entries_cost_nothing_and_never_make_status_fail() {
+    let test = "other_networks_stale_entries_cost_nothing_and_never_make_status_fail";
+    if !root_or_skip(test) {
+        return;
+    }
+    let s = Setup::new("1.1.0", false);
+    let queue = s.dir.path().join("queue");
+    let stale = format!("gone-{}", unique());
+    let cids = stale_entries(&s, &stale, &queue, 50);
+    let snapshot = |q: &Path| -> Vec<(PathBuf, Vec<u8>, SystemTime)> {
+        entry_files(q)
+            .into_iter()
+            .map(|p| {
+                let m = std::fs::metadata(&p).unwrap().modified().unwrap();
+                (p.clone(), std::fs::read(&p).unwrap(), m)
+            })
+            .collect()
+    };
+    let before = snapshot(&queue);
+    assert_eq!(before.len(), 50);
+
+    // The healthy network (host-local, the embedded store) shares the queue.
+    let mut healthy = s.conf.clone();
+    healthy["release_queue_dir"] = json!(queue);
+    let ns = Netns::new();
+    let cid = container_id();
+    let result = s
+        .run_with("ADD", &cid, &ns.path(), "eth0", &healthy, &[])
+        .assert_ok()
+        .json();
+    let mut check = healthy.clone();
+    check["prevResult"] = result;
+    assert_eq!(
+        s.run_with("CHECK", &cid, &ns.path(), "eth0", &check, &[])
+            .code,
+        0
+    );
+    s.run_with("DEL", &cid, &ns.path(), "eth0", &healthy, &[])
+        .assert_ok();
+    assert_eq!(
+        snapshot(&queue),
+        before,
+        "a healthy network's calls replayed others' entries"
+    );
+    let out = s.run_with("STATUS", "", "", "eth0", &healthy, &[]);
+    assert_eq!(out.code, 0, "owed releases alone made STATUS fail: {out:?}");
+
+    // That STATUS replayed each due entry once: one attempt each, backed off.
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let after = of_network(&queue, &stale);
+    assert_eq!(after.len(), 50);
+    for e in &after {
+        assert_eq!(e["attempts"], 1, "{e}");
+        assert!(e["next_attempt"].as_u64().unwrap() > now, "{e}");
+        assert!(
+            e["error"]
+                .as_str()
+                .unwrap()
+                .contains("failed to find plugin"),
+            "{e}"
+        );
+    }
+    let out = s.run_with("STATUS", "", "", "eth0", &healthy, &[]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        of_network(&queue, &stale)
+            .iter()
+            .all(|e| e["attempts"] == 1),
+        "replayed before its backoff"
+    );
+
+    // Four more attempts (each after its backoff): dead letters.
+    for attempt in 2..=5 {
+        for f in entry_files(&queue) {
+            make_due(&f);
+        }
+        let out = s.run_with("STATUS", "", "", "eth0", &healthy, &[]);
+        assert_eq!(out.code, 0, "{out:?}");
+        if attempt < 5 {
+            assert!(
+                of_network(&queue, &stale)
+                    .iter()
+                    .all(|e| e["attempts"] == attempt)
+            );
+        }
+    }
+    assert!(
+        of_network(&queue, &stale).is_empty(),
+        "{:?}",
+        of_network(&queue, &stale)
+    );
+    let dead = dead_letters(&queue);
+    assert_eq!(dead.len(), 50);
+    assert!(
+        dead.iter()
+            .all(|e| e["attempts"] == 5 && e["dead_reason"].is_string()),
+        "{:?}",
+        dead[0]
+    );
+    let log = std::fs::read_to_string(s.dir.path().join("log/cni.log")).unwrap();
+    assert_eq!(
+        log.matches("is given up on").count(),
+        50,
+        "one warning per dead letter"
+    );
+
+    // The operator sees them, and replays one once its plugin is back.
+    let q = queue.display().to_string();
+    let list = common::exec_args(
+        CALICO,
+        &["ipam", "queue", "list", "--dead", "--dir", &q],
+        &env_of(&[]),
+        "",
+    );
+    assert_eq!(list.code, 0, "{list:?}");
+    assert_eq!(list.stdout.lines().count(), 51, "{}", list.stdout);
+    assert!(list.stdout.contains(&cids[7]), "{}", list.stdout);
+    let json_list = common::exec_args(
+        CALICO,
+        &["ipam", "queue", "list", "--dead", "-o", "json", "--dir", &q],
+        &env_of(&[]),
+        "",
+    );
+    let parsed: Value = serde_json::from_str(&json_list.stdout).unwrap();
+    assert_eq!(parsed.as_array().map(Vec::len), Some(50));
+    let back = FlakyIpam::new(&s.subnet);
+    let mut entry: Value = dead
+        .iter()
+        .find(|e| e["container_id"] == json!(cids[7]))
+        .unwrap()
+        .clone();
+    // (The plugin is back, in another directory: the entry is pointed at it.)
+    entry["vars"]["CNI_PATH"] = json!(back.path());
+    let file = queue
+        .join(".dead")
+        .join(&stale)
+        .join(format!("{}+eth0.json", cids[7]));
+    std::fs::write(&file, entry.to_string()).unwrap();
+    let replay = common::exec_args(
+        CALICO,
+        &["ipam", "queue", "replay", "--dead", "--dir", &q, &cids[7]],
+        &env_of(&[]),
+        "",
+    );
+    assert_eq!(replay.code, 0, "{replay:?}");
+    assert!(replay.stdout.contains("released"), "{}", replay.stdout);
+    assert_eq!(back.calls("DEL", &cids[7]), 1);
+    assert_eq!(dead_letters(&queue).len(), 49);
+    assert!(of_network(&queue, &stale).is_empty());
+}
+
+/// This network's entries still drain: an entry is replayed by the next
+/// call of its network only once it is due, once per call, its failures
+/// counted and backed off, and the release is made once the IPAM answers.
+#[test]
+fn a_due_entry_of_this_network_is_drained_with_backoff() {
+    let test = "a_due_entry_of_this_network_is_drained_with_backoff";
+    if !root_or_skip(test) {
+        return;
+    }
+    let s = Setup::new("1.0.0", false);
+    let queue = s.dir.path().join("queue");
+    let ipam = FlakyIpam::new(&s.subnet);
+    let conf = flaky_conf(&s, "flaky", &queue);
+    let add = |cid: &str, ns: &Netns| {
+        run_in(&s, "ADD", cid, &ns.path(), &conf, &ipam.path()).assert_ok();
+    };
+    let (na, a) = (Netns::new(), container_id());
+    add(&a, &na);
+    ipam.broken(true);
+    let out = run_in(&s, "DEL", &a, &na.path(), &conf, &ipam.path());
+    assert_eq!(out.error_code(), 11, "{out:?}");
+    assert!(na.link("eth0").is_none(), "the local teardown is done");
+    let owed = of_network(&queue, "flaky");
+    assert_eq!(owed.len(), 1);
+    assert_eq!(owed[0]["attempts"], 0);
+    assert_eq!(ipam.calls("DEL", &a), 1);
+
+    // Not due yet: the next call leaves it.
+    let (nb, b) = (Netns::new(), container_id());
+    add(&b, &nb);
+    assert_eq!(ipam.calls("DEL", &a), 1);
+
+    // Due, still failing: one attempt, counted, backed off.
+    make_due(&entry_files(&queue)[0]);
+    let (nc, c) = (Netns::new(), container_id());
+    add(&c, &nc);
+    assert_eq!(ipam.calls("DEL", &a), 2, "one replay per call");
+    let owed = of_network(&queue, "flaky");
+    assert_eq!(owed[0]["attempts"], 1, "{}", owed[0]);
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let next = owed[0]["next_attempt"].as_u64().unwrap();
+    assert!(
+        (now + 8..=now + 11).contains(&next),
+        "10 s after the 1st failed attempt: {next} vs {now}"
+    );
+    // Right away again: backed off.
+    let (nd, d) = (Netns::new(), container_id());
+    add(&d, &nd);
+    assert_eq!(ipam.calls("DEL", &a), 2);
+
+    // The IPAM is back and the entry due: the next call releases it.
+    ipam.broken(false);
+    make_due(&entry_files(&queue)[0]);
+    let (ne, e) = (Netns::new(), container_id());
+    add(&e, &ne);
+    assert_eq!(ipam.calls("DEL", &a), 3);
+    assert!(of_network(&queue, "flaky").is_empty());
+    for (ns, cid) in [(&nb, &b), (&nc, &c), (&nd, &d), (&ne, &e)] {
+        run_in(&s, "DEL", cid, &ns.path(), &conf, &ipam.path()).assert_ok();
+    }
+    assert!(entries(&queue).is_empty());
+}
+
+/// The node's defaults: every network's queue under
+/// /var/lib/calico/cni-release-queue (beside the embedded store's default
+/// file). Owed releases of a network whose plugin is gone there never make
+/// another network's STATUS fail, and its pods' ADD and DEL leave them be.
+#[test]
+fn owed_releases_in_the_nodes_default_queue_never_make_status_fail() {
+    let test = "owed_releases_in_the_nodes_default_queue_never_make_status_fail";
+    if !root_or_skip(test) {
+        return;
+    }
+    let queue = PathBuf::from("/var/lib/calico/cni-release-queue");
+    let s = Setup::new("1.1.0", false);
+    let stale = format!("gone-{}", unique());
+    /// Removes this test's network from the node's queue, whatever happens.
+    struct Cleanup(PathBuf, PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+    let _cleanup = Cleanup(queue.join(&stale), queue.join(".dead").join(&stale));
+    stale_entries(&s, &stale, &queue, 3);
+    // A network with the node's defaults: no queue or store path of its own.
+    let mut healthy = s.conf.clone();
+    let obj = healthy.as_object_mut().unwrap();
+    obj.remove("local_datastore_path");
+    obj.insert("name".into(), json!(format!("healthy-{}", unique())));
+    let ns = Netns::new();
+    let cid = container_id();
+    s.run_with("ADD", &cid, &ns.path(), "eth0", &healthy, &[])
+        .assert_ok();
+    assert!(
+        of_network(&queue, &stale)
+            .iter()
+            .all(|e| e["attempts"] == 0)
+    );
+    s.run_with("DEL", &cid, &ns.path(), "eth0", &healthy, &[])
+        .assert_ok();
+    let out = s.run_with("STATUS", "", "", "eth0", &healthy, &[]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        of_network(&queue, &stale)
+            .iter()
+            .all(|e| e["attempts"] == 1)
+    );
+    assert!(s.reservations().is_empty());
 }

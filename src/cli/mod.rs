@@ -1,13 +1,15 @@
 //! The operator subcommands of the `calico` executable (never of its
 //! `calico-ipam` personality): `calico ipam pool add|list|remove`, on the
 //! datastore a network config names ([`netconf`]), with Calico's IPPool
-//! rules ([`pool`]).
+//! rules ([`pool`]); `calico ipam queue list|replay`, the node's release
+//! queue and its dead letters ([`queue`]).
 //!
 //! Output goes to stdout; a failure is one line on stderr and exit 1 (and
 //! nothing on stdout); bad usage prints the usage to stderr, exit 2.
 
 pub mod netconf;
 pub mod pool;
+pub mod queue;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -26,17 +28,27 @@ Usage:
   calico ipam pool add NAME CIDR [--block-size N] [--disabled] [--config CONFLIST]
   calico ipam pool list [-o table|json] [--config CONFLIST]
   calico ipam pool remove NAME [--config CONFLIST]
+  calico ipam queue list [--dead] [-o table|json] [--config CONFLIST | --dir DIR]
+  calico ipam queue replay [--dead] [CONTAINER_ID...] [--config CONFLIST | --dir DIR]
 
-Manages Calico IP pools in the datastore the network config names. The
-config is CONFLIST, else the first .conf, .conflist or .json file, in
+pool: manages Calico IP pools in the datastore the network config names.
+The config is CONFLIST, else the first .conf, .conflist or .json file, in
 lexical order, of /etc/cni/net.d (CNI_CONF_DIR names another directory);
 in a list, the plugin of type \"calico\" is used.
+
+queue: the releases owed by DELs on this node that could not reach their
+datastore (the config's release_queue_dir, else DIR). `list` shows them
+(--dead: the dead letters, entries given up on); `replay` runs each owed
+DEL once now, due or not (--dead: the dead letters, put back in the queue
+first), each with its own recorded config; CONTAINER_IDs pick entries.
 
 Options:
   --block-size N       block size: 20-32 for IPv4 (default 26), 116-128 for IPv6 (default 122)
   --disabled           create the pool disabled: no address is assigned from it
   -o, --output FORMAT  table (the default) or json (an IPPoolList)
   --config CONFLIST    the network config (.conflist, .conf or .json)
+  --dir DIR            the release queue's directory (queue commands)
+  --dead               the dead letters (queue commands)
   -h, --help           print this help
 ";
 
@@ -96,6 +108,16 @@ pub enum Cli {
         name: String,
         config: Option<PathBuf>,
     },
+    QueueList {
+        json: bool,
+        dead: bool,
+        place: queue::Place,
+    },
+    QueueReplay {
+        dead: bool,
+        containers: Vec<String>,
+        place: queue::Place,
+    },
 }
 
 /// The options a verb takes.
@@ -105,6 +127,8 @@ enum Opt {
     Disabled,
     Output,
     Config,
+    Dir,
+    Dead,
 }
 
 fn option_of(flag: &str) -> Option<Opt> {
@@ -113,6 +137,8 @@ fn option_of(flag: &str) -> Option<Opt> {
         "--disabled" => Some(Opt::Disabled),
         "-o" | "--output" => Some(Opt::Output),
         "--config" => Some(Opt::Config),
+        "--dir" => Some(Opt::Dir),
+        "--dead" => Some(Opt::Dead),
         _ => None,
     }
 }
@@ -124,24 +150,27 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
         return Ok(Cli::Help);
     }
     let (Some(noun), Some(verb)) = (args.first(), args.get(1)) else {
-        return Err(match args.first() {
-            Some(noun) if noun == "pool" => "missing a pool command (add, list, remove)".into(),
+        return Err(match args.first().map(String::as_str) {
+            Some("pool") => "missing a pool command (add, list, remove)".into(),
+            Some("queue") => "missing a queue command (list, replay)".into(),
             Some(noun) => format!("unknown command {noun:?}"),
             None => "missing a command".into(),
         });
     };
-    if noun != "pool" {
-        return Err(format!("unknown command {noun:?}"));
-    }
-    let allowed: &[Opt] = match verb.as_str() {
-        "add" => &[Opt::BlockSize, Opt::Disabled, Opt::Config],
-        "list" | "ls" => &[Opt::Output, Opt::Config],
-        "remove" | "rm" | "delete" => &[Opt::Config],
-        other => return Err(format!("unknown pool command {other:?}")),
+    let allowed: &[Opt] = match (noun.as_str(), verb.as_str()) {
+        ("pool", "add") => &[Opt::BlockSize, Opt::Disabled, Opt::Config],
+        ("pool", "list" | "ls") => &[Opt::Output, Opt::Config],
+        ("pool", "remove" | "rm" | "delete") => &[Opt::Config],
+        ("pool", other) => return Err(format!("unknown pool command {other:?}")),
+        ("queue", "list" | "ls") => &[Opt::Output, Opt::Config, Opt::Dir, Opt::Dead],
+        ("queue", "replay") => &[Opt::Config, Opt::Dir, Opt::Dead],
+        ("queue", other) => return Err(format!("unknown queue command {other:?}")),
+        (other, _) => return Err(format!("unknown command {other:?}")),
     };
 
     let mut positional = Vec::new();
     let (mut block_size, mut disabled, mut output, mut config) = (None, false, None, None);
+    let (mut dir, mut dead) = (None, false);
     let mut rest = args[2..].iter();
     while let Some(arg) = rest.next() {
         if !arg.starts_with('-') || arg == "-" {
@@ -154,12 +183,16 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
         };
         let opt = option_of(flag)
             .filter(|o| allowed.contains(o))
-            .ok_or_else(|| format!("unknown flag {flag:?} for pool {verb}"))?;
-        if opt == Opt::Disabled {
+            .ok_or_else(|| format!("unknown flag {flag:?} for {noun} {verb}"))?;
+        if matches!(opt, Opt::Disabled | Opt::Dead) {
             if inline.is_some() {
                 return Err(format!("{flag} takes no value"));
             }
-            disabled = true;
+            if opt == Opt::Dead {
+                dead = true;
+            } else {
+                disabled = true;
+            }
             continue;
         }
         let value = match inline {
@@ -178,7 +211,8 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
             }
             Opt::Output => output = Some(value),
             Opt::Config => config = Some(PathBuf::from(value)),
-            Opt::Disabled => unreachable!("handled above"),
+            Opt::Dir => dir = Some(PathBuf::from(value)),
+            Opt::Disabled | Opt::Dead => unreachable!("handled above"),
         }
     }
 
@@ -186,14 +220,40 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
         if positional.len() == n {
             Ok(())
         } else if positional.len() < n {
-            Err(format!("pool {verb} needs {what}"))
+            Err(format!("{noun} {verb} needs {what}"))
         } else {
             Err(format!(
-                "pool {verb} takes {what}, not {:?}",
+                "{noun} {verb} takes {what}, not {:?}",
                 &positional[n..]
             ))
         }
     };
+    let json_output = |output: Option<&str>| match output {
+        None | Some("table" | "wide") => Ok(false),
+        Some("json") => Ok(true),
+        Some(other) => Err(format!("unknown output format {other:?} (table, json)")),
+    };
+    if noun == "queue" {
+        let place = match (config, dir) {
+            (Some(_), Some(_)) => return Err("give --config or --dir, not both".into()),
+            (_, Some(dir)) => queue::Place::Dir(dir),
+            (config, None) => queue::Place::Config(config),
+        };
+        return if verb == "replay" {
+            Ok(Cli::QueueReplay {
+                dead,
+                containers: positional,
+                place,
+            })
+        } else {
+            want(0, "no arguments")?;
+            Ok(Cli::QueueList {
+                json: json_output(output.as_deref())?,
+                dead,
+                place,
+            })
+        };
+    }
     match verb.as_str() {
         "add" => {
             want(2, "NAME and CIDR")?;
@@ -209,14 +269,10 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
         }
         "list" | "ls" => {
             want(0, "no arguments")?;
-            let json = match output.as_deref() {
-                None | Some("table" | "wide") => false,
-                Some("json") => true,
-                Some(other) => {
-                    return Err(format!("unknown output format {other:?} (table, json)"));
-                }
-            };
-            Ok(Cli::List { json, config })
+            Ok(Cli::List {
+                json: json_output(output.as_deref())?,
+                config,
+            })
         }
         _ => {
             want(1, "NAME")?;
@@ -239,6 +295,27 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
         Cli::Add { config, .. } => ("calico ipam pool add", config),
         Cli::List { config, .. } => ("calico ipam pool list", config),
         Cli::Remove { config, .. } => ("calico ipam pool remove", config),
+        Cli::QueueList { json, dead, place } => {
+            return queue::list(place, vars, *json, *dead).map_or_else(
+                |e| Outcome::failed("calico ipam queue list", &e),
+                Outcome::ok,
+            );
+        }
+        Cli::QueueReplay {
+            dead,
+            containers,
+            place,
+        } => {
+            return match queue::replay(place, vars, *dead, containers) {
+                Ok((stdout, true)) => Outcome::ok(stdout),
+                Ok((stdout, false)) => Outcome {
+                    stdout,
+                    stderr: "calico ipam queue replay: some releases failed again\n".into(),
+                    code: 1,
+                },
+                Err(e) => Outcome::failed("calico ipam queue replay", &e),
+            };
+        }
     };
     let conf = match netconf::load(config.as_deref(), vars) {
         Ok(conf) => conf,
@@ -264,7 +341,7 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
                 Cli::Add { add, .. } => pool::add(store, add).await,
                 Cli::List { json, .. } => pool::list(store, *json).await,
                 Cli::Remove { name, .. } => pool::remove(store, name).await,
-                Cli::Help => unreachable!("answered above"),
+                _ => unreachable!("answered above"),
             }
         };
         match tokio::time::timeout_at(deadline, work).await {

@@ -4,6 +4,8 @@
 //! asks for. Pure: the caller fetches the Node. The functions work on the
 //! raw stdin JSON so keys this crate does not model round-trip untouched.
 
+use std::net::IpAddr;
+
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
@@ -40,15 +42,16 @@ fn expecting_dict(v: Option<&Value>) -> RuleError {
     ))
 }
 
-/// Replaces a placeholder `subnet` of one IPAM dict; true if there was one.
+/// Replaces a placeholder `subnet` of one IPAM dict (or range); true if
+/// there was one.
 fn rewrite_subnet(
     dict: &mut Map<String, Value>,
-    cidr_for: &mut impl FnMut(Family) -> Result<String, RuleError>,
+    cidr_for: &mut impl FnMut(Family, &Map<String, Value>) -> Result<String, RuleError>,
 ) -> Result<bool, RuleError> {
     let Some(family) = placeholder(dict.get("subnet")) else {
         return Ok(false);
     };
-    let cidr = cidr_for(family)?;
+    let cidr = cidr_for(family, dict)?;
     dict.insert("subnet".to_string(), Value::String(cidr));
     Ok(true)
 }
@@ -58,6 +61,15 @@ fn rewrite_subnet(
 fn rewrite_pod_cidrs(
     conf: &mut Value,
     cidr_for: &mut impl FnMut(Family) -> Result<String, RuleError>,
+) -> Result<bool, RuleError> {
+    rewrite_pod_cidrs_in(conf, &mut |family, _| cidr_for(family))
+}
+
+/// [`rewrite_pod_cidrs`], `cidr_for` also given the range (or the IPAM
+/// dict) whose subnet it replaces.
+fn rewrite_pod_cidrs_in(
+    conf: &mut Value,
+    cidr_for: &mut impl FnMut(Family, &Map<String, Value>) -> Result<String, RuleError>,
 ) -> Result<bool, RuleError> {
     let ipam = match conf.get_mut("ipam") {
         Some(Value::Object(ipam)) => ipam,
@@ -161,17 +173,99 @@ pub fn substitute_pod_cidrs(
     })
 }
 
-/// DEL (and release-on-failure), `ipam.type == "host-local"`: replaces
-/// `usePodCidr` by `0.0.0.0/0` and `usePodCidrIPv6` by `::/0` so host-local
-/// accepts the config; it releases by container ID, so any valid CIDR does.
-/// A malformed structure is left for the IPAM plugin to report.
+/// DEL, CHECK and the release of a failed ADD, `ipam.type == "host-local"`:
+/// each `usePodCidr` / `usePodCidrIPv6` replaced by a CIDR of its family
+/// that host-local accepts, without asking the API server for the Node's
+/// pod CIDRs (DEL must work while it is down). host-local releases (and
+/// checks) by container ID in its data directory, so any valid range does,
+/// as long as the config stays valid: Calico's `0.0.0.0/0` and `::/0`
+/// overlap every other range of the config, which current host-local
+/// refuses ("range set 0 overlaps with 1", and the address is never
+/// released). So each placeholder becomes the largest block that contains
+/// its own `rangeStart`/`rangeEnd` and overlaps no other range of the
+/// config (its other range sets, its `runtimeConfig.ipRanges`, the other
+/// placeholders' choices): `0.0.0.0/0` when nothing else is configured,
+/// `128.0.0.0/1` beside `10.9.0.0/16`. A malformed structure is left for
+/// the IPAM plugin to report.
 pub fn release_pod_cidrs(conf: &mut Value) {
-    let _ = rewrite_pod_cidrs(conf, &mut |family| {
-        Ok(match family {
-            Family::V4 => "0.0.0.0/0".to_string(),
-            Family::V6 => "::/0".to_string(),
-        })
+    let mut taken = fixed_subnets(conf);
+    let _ = rewrite_pod_cidrs_in(conf, &mut |family, range| {
+        let anchors: Vec<IpAddr> = ["rangeStart", "rangeEnd"]
+            .iter()
+            .filter_map(|k| range.get(*k)?.as_str()?.parse().ok())
+            .collect();
+        let block = free_block(family, &anchors, &taken).unwrap_or(match family {
+            Family::V4 => IpNet::V4(Default::default()),
+            Family::V6 => IpNet::V6(Default::default()),
+        });
+        taken.push(block);
+        Ok(block.to_string())
     });
+}
+
+/// Every literal subnet of the config's ranges (and runtime ranges).
+fn fixed_subnets(conf: &Value) -> Vec<IpNet> {
+    let subnet = |r: &Value| -> Option<IpNet> {
+        let s = r.get("subnet")?.as_str()?;
+        if placeholder(Some(&Value::String(s.into()))).is_some() {
+            return None;
+        }
+        s.parse::<IpNet>().ok().map(|n| n.trunc())
+    };
+    let sets = |v: Option<&Value>| -> Vec<IpNet> {
+        v.and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_array)
+            .flatten()
+            .filter_map(subnet)
+            .collect()
+    };
+    let mut out = Vec::new();
+    if let Some(ipam) = conf.get("ipam") {
+        out.extend(subnet(ipam));
+        out.extend(sets(ipam.get("ranges")));
+    }
+    out.extend(sets(
+        conf.get("runtimeConfig").and_then(|r| r.get("ipRanges")),
+    ));
+    out
+}
+
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// The largest block of `family` (the first in address order among
+/// equals) that holds every anchor, overlaps nothing in `taken` and still
+/// has addresses to allocate for host-local (at most /30, /126).
+fn free_block(family: Family, anchors: &[IpAddr], taken: &[IpNet]) -> Option<IpNet> {
+    let (root, longest) = match family {
+        Family::V4 => (IpNet::V4(Default::default()), 30),
+        Family::V6 => (IpNet::V6(Default::default()), 126),
+    };
+    let holds_anchors = |n: &IpNet| anchors.iter().all(|a| n.contains(a));
+    let mut level = vec![root];
+    for _ in 0..=longest {
+        if let Some(free) = level
+            .iter()
+            .find(|n| holds_anchors(n) && !taken.iter().any(|t| overlaps(t, n)))
+        {
+            return Some(*free);
+        }
+        // Only blocks that are partly taken are worth splitting: a level
+        // holds at most two per taken subnet.
+        level = level
+            .iter()
+            .filter_map(|n| n.subnets(n.prefix_len() + 1).ok())
+            .flatten()
+            .filter(|n| holds_anchors(n) && !taken.iter().any(|t| t.contains(n)))
+            .collect();
+        if level.is_empty() {
+            return None;
+        }
+    }
+    None
 }
 
 /// The container routes for `ipam.type == "host-local"` (§4.3 steps 3-4):
@@ -432,25 +526,95 @@ mod tests {
     }
 
     #[test]
-    fn release_rewrites_to_dummy_cidrs() {
-        let mut conf = host_local(json!({
-            "type": "host-local",
-            "subnet": "usePodCidr",
-            "ranges": [[{"subnet": "usePODcidr"}], [{"subnet": "usePodCidrIPv6"}], [{"subnet": "10.9.0.0/16"}]]
-        }));
-        release_pod_cidrs(&mut conf);
+    fn release_placeholders_overlap_nothing_else() {
+        let release = |ipam: Value| {
+            let mut conf = host_local(ipam);
+            release_pod_cidrs(&mut conf);
+            conf["ipam"].clone()
+        };
+        // Alone, the whole family (Calico's choice).
         assert_eq!(
-            conf,
-            host_local(json!({
-                "type": "host-local",
-                "subnet": "0.0.0.0/0",
-                "ranges": [[{"subnet": "0.0.0.0/0"}], [{"subnet": "::/0"}], [{"subnet": "10.9.0.0/16"}]]
-            }))
+            release(json!({"type": "host-local", "subnet": "usePodCidr"}))["subnet"],
+            "0.0.0.0/0"
         );
+        assert_eq!(
+            release(
+                json!({"type": "host-local", "ranges": [[{"subnet": "usePodCidr"}], [{"subnet": "usePodCidrIPv6"}]]})
+            ),
+            json!({"type": "host-local", "ranges": [[{"subnet": "0.0.0.0/0"}], [{"subnet": "::/0"}]]})
+        );
+        // Beside other ranges and each other: disjoint blocks.
+        assert_eq!(
+            release(json!({
+                "type": "host-local",
+                "subnet": "usePodCidr",
+                "ranges": [[{"subnet": "usePODcidr"}], [{"subnet": "usePodCidrIPv6"}], [{"subnet": "10.9.0.0/16"}]]
+            })),
+            json!({
+                "type": "host-local",
+                "subnet": "128.0.0.0/1",
+                "ranges": [[{"subnet": "64.0.0.0/2"}], [{"subnet": "::/0"}], [{"subnet": "10.9.0.0/16"}]]
+            })
+        );
+        // A placeholder's own rangeStart/rangeEnd stay inside its block.
+        let out = release(json!({
+            "type": "host-local",
+            "ranges": [
+                [{"subnet": "usePodCidr", "rangeStart": "10.0.0.10", "rangeEnd": "10.0.0.20"}],
+                [{"subnet": "10.0.1.0/24"}],
+                [{"subnet": "fd00::/64"}, {"subnet": "usePodCidrIPv6", "rangeStart": "fd00:0:0:1::5"}]
+            ],
+            "runtimeConfig": {}
+        }));
+        assert_eq!(out["ranges"][0][0]["subnet"], "10.0.0.0/24");
+        assert_eq!(out["ranges"][2][1]["subnet"], "fd00:0:0:1::/64");
+        // Runtime ranges are avoided too.
+        let mut conf = host_local(json!({"type": "host-local", "subnet": "usePodCidr"}));
+        conf["runtimeConfig"] = json!({"ipRanges": [[{"subnet": "0.0.0.0/1"}]]});
+        release_pod_cidrs(&mut conf);
+        assert_eq!(conf["ipam"]["subnet"], "128.0.0.0/1");
         // Malformed input is left alone.
         let mut bad = json!({"ipam": [1]});
         release_pod_cidrs(&mut bad);
         assert_eq!(bad, json!({"ipam": [1]}));
+    }
+
+    #[test]
+    fn free_blocks() {
+        let nets = |l: &[&str]| -> Vec<IpNet> { l.iter().map(|s| s.parse().unwrap()).collect() };
+        assert_eq!(
+            free_block(Family::V4, &[], &nets(&["0.0.0.0/1", "128.0.0.0/1"])),
+            None
+        );
+        assert_eq!(
+            free_block(
+                Family::V4,
+                &["10.1.2.3".parse().unwrap()],
+                &nets(&["10.1.2.0/25"])
+            ),
+            None
+        );
+        assert_eq!(
+            free_block(
+                Family::V4,
+                &["10.1.2.200".parse().unwrap()],
+                &nets(&["10.1.2.0/25"])
+            ),
+            Some("10.1.2.128/25".parse().unwrap())
+        );
+        // The smallest host-local accepts is a /30.
+        assert_eq!(
+            free_block(
+                Family::V4,
+                &["10.0.0.1".parse().unwrap()],
+                &nets(&["10.0.0.0/31"])
+            ),
+            None
+        );
+        assert_eq!(
+            free_block(Family::V6, &[], &nets(&["::/1"])),
+            Some("8000::/1".parse().unwrap())
+        );
     }
 
     // -- container routes (§4.3 steps 3-4, §11 item 35) ---------------------

@@ -44,8 +44,9 @@ pub fn delegate(req: &Request, deadline: Instant) -> Delegate<'_> {
 }
 
 /// The config the IPAM plugin gets to release an allocation (DEL, and the
-/// rollback of a failed ADD): the request's own, with host-local's
-/// `usePodCidr` placeholders made valid.
+/// rollback of a failed ADD) or to check it (CHECK): the request's own,
+/// with host-local's `usePodCidr` placeholders made valid without the
+/// Node's pod CIDRs (see [`host_local::release_pod_cidrs`]).
 pub fn release_config(req: &Request) -> serde_json::Value {
     let mut config = req.raw.clone();
     if req.conf.ipam.kind == "host-local" {

@@ -151,6 +151,13 @@ fn minimal_kubeconfig() -> Kubeconfig {
     }
 }
 
+/// The User-Agent of every API request.
+const USER_AGENT: &str = concat!(
+    "calico/",
+    env!("CARGO_PKG_VERSION"),
+    " (linux/amd64) calico-cni"
+);
+
 /// The HTTP client: rustls (the kubeconfig's CA and client certificate),
 /// the API server's base URI, and the bearer token on every request. It is
 /// put together here rather than with kube's own builder, whose auth layer
@@ -172,6 +179,9 @@ fn build_client(config: &kube::Config, token: Option<&str>) -> Result<kube::Clie
             Ok::<_, K8sError>(value)
         })
         .transpose()?;
+    // As Calico's client-go identifies itself: the API server names the
+    // field manager of our writes after it ("calico"), as for Calico's.
+    let user_agent = http::HeaderValue::from_static(USER_AGENT);
     let service = tower::ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .map_request(move |mut request: http::Request<kube::client::Body>| {
@@ -180,6 +190,9 @@ fn build_client(config: &kube::Config, token: Option<&str>) -> Result<kube::Clie
                     .headers_mut()
                     .insert(http::header::AUTHORIZATION, value.clone());
             }
+            request
+                .headers_mut()
+                .insert(http::header::USER_AGENT, user_agent.clone());
             request
         })
         .service(http);

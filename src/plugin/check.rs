@@ -100,5 +100,8 @@ pub async fn cmd_check(ctx: &Context) -> Result<()> {
             )));
         }
     }
-    ctx.ipam().await?.run(Command::Check, &req.raw).await
+    // host-local's placeholders made valid, as for DEL: it checks by
+    // container ID, not by range.
+    let config = crate::ipam::release_config(req);
+    ctx.ipam().await?.run(Command::Check, &config).await
 }

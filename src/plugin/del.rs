@@ -107,8 +107,9 @@ pub async fn cmd_del(ctx: &Context) -> Result<()> {
         plain || w.is_some_and(|w| w.spec.interface_name == ctx.host_veth)
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let release = crate::ipam::release_config(req);
     let ((ipam_result, cleanup), record_result) = tokio::join!(
-        local_teardown(ctx, &req.raw, rx, owns_veth),
+        local_teardown(ctx, &release, rx, owns_veth),
         remove_record(ctx, tx)
     );
     crate::fault::kill_point("del-endpoint");

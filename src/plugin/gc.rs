@@ -1,8 +1,9 @@
 //! GC (spec 1.1.0): what this network left on this node for attachments
 //! that are not among `cni.dev/valid-attachments` is removed — the
 //! WorkloadEndpoint records (on the embedded and etcd datastores; on the
-//! Kubernetes datastore the record is the pod, which is not ours to
-//! remove), their host veths, and the IPAM allocations (calico-ipam's
+//! Kubernetes datastore the record is the pod's address annotations, which
+//! are cleared as DEL clears them when they still name the collected
+//! container), their host veths, and the IPAM allocations (calico-ipam's
 //! handles of this network on this node; a delegated IPAM gets GC with
 //! the same list, and host-local, which collects nothing itself, has its
 //! reservations collected here). Without the list nothing is removed. Every item is
@@ -81,11 +82,91 @@ fn of_this_network(ctx: &Context, wep: &WorkloadEndpoint, ours: &HashSet<String>
     }
 }
 
+/// The Kubernetes datastore: the pods whose address annotations still name
+/// a container calico-ipam of this network allocated for on this node and
+/// that is not among the valid attachments (the pod outlived a sandbox
+/// whose DEL never came) get them cleared, as DEL clears them, and their
+/// host veth removed; left as they were, Calico's `ipam check` reports
+/// their addresses as in use without an allocation once GC has released
+/// them. The pods come from the allocations' attributes (the CNI's role may
+/// not list pods). With host-local nothing names the pods: left alone.
+async fn clear_stale_pods(ctx: &Context, valid: &[Attachment]) -> Result<()> {
+    if ctx.req.conf.ipam.kind != "calico-ipam" {
+        return Ok(());
+    }
+    let (Some(kdd), store) = (ctx.kdd(), ctx.store().await?) else {
+        return Ok(());
+    };
+    let kept: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
+    let prefix = format!("{}.", ctx.req.conf.name);
+    let handles = crate::ipam::calico::allocator::Allocator::new(store.as_ref(), &ctx.node)
+        .host_handle_pods(&prefix)
+        .await
+        .map_err(Error::from)?;
+    let mut errors = Vec::new();
+    for (handle, pod) in handles {
+        let cid = &handle[prefix.len()..];
+        let Some((namespace, name)) = pod else {
+            continue;
+        };
+        if kept.contains(cid) {
+            continue;
+        }
+        let pod = match kdd.pod(&namespace, &name).await {
+            Ok(Some(pod)) => pod,
+            Ok(None) => continue,
+            Err(e) => {
+                errors.push(format!("pod {namespace}/{name}: {e}"));
+                continue;
+            }
+        };
+        let Some(wep) = kdd.endpoint_of(&pod, "eth0") else {
+            continue;
+        };
+        let spec = &wep.spec;
+        if spec.node != ctx.node || spec.container_id != cid || spec.ip_networks.is_empty() {
+            continue;
+        }
+        if !spec.interface_name.is_empty() {
+            match delete_host_veth(&spec.interface_name).await {
+                Ok(true) => {
+                    tracing::info!(veth = %spec.interface_name, "GC removed a stale host veth")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    errors.push(format!("host veth {}: {e}", spec.interface_name));
+                    continue;
+                }
+            }
+        }
+        let pre = Precondition {
+            resource_version: Some(wep.metadata.resource_version.clone()).filter(|v| !v.is_empty()),
+            uid: Some(wep.metadata.uid.clone()).filter(|v| !v.is_empty()),
+        };
+        match store
+            .delete::<WorkloadEndpoint>(&namespace, &wep.metadata.name, &pre)
+            .await
+        {
+            Ok(()) | Err(crate::datastore::DatastoreError::NotFound(_)) => tracing::info!(
+                pod = %name,
+                container = %cid,
+                "GC cleared a stale pod's address annotations"
+            ),
+            Err(e) => errors.push(format!("pod {namespace}/{name}: {e}")),
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Datastore(errors.join("; ")))
+    }
+}
+
 /// The stale endpoints of this node and network, with their host veths.
 async fn remove_stale_endpoints(ctx: &Context, valid: &[Attachment]) -> Result<()> {
     let store = ctx.store().await?;
     if ctx.kdd().is_some() {
-        return Ok(());
+        return clear_stale_pods(ctx, valid).await;
     }
     let keep: HashSet<(&str, &str)> = valid
         .iter()

@@ -29,41 +29,36 @@ pub use del_k8s::cmd_del_k8s;
 pub use gc::cmd_gc;
 pub use status::cmd_status;
 
-/// Answers one calico verb, after draining the release queue (within its
-/// budget).
+/// Answers one calico verb. ADD, DEL and CHECK first replay their own
+/// network's due releases (owed by earlier DELs); STATUS and GC every
+/// network's. Owed releases are reported, never a reason for STATUS to
+/// fail.
 pub async fn handle(req: Request) -> Result<Option<CniResult>> {
     let ctx = Context::new(req);
-    let full = matches!(ctx.req.env.command, Command::Status | Command::Gc);
-    let budget = if full {
-        release_queue::FULL_DRAIN_BUDGET
-    } else {
-        release_queue::DRAIN_BUDGET
-    };
-    let left = release_queue::drain(&ctx, full, budget).await;
     match ctx.req.env.command {
-        Command::Add => cmd_add(&ctx).await.map(Some),
+        Command::Add => {
+            release_queue::drain_own(&ctx).await;
+            cmd_add(&ctx).await.map(Some)
+        }
         Command::Del => {
-            // Its own entry, if the queue holds one, goes when it succeeds
-            // (no second look at the queue otherwise).
-            let queued = left.iter().any(|o| release_queue::is_current(&ctx, o));
+            // Its own entry, if the queue holds one, goes when it succeeds.
+            let queued = release_queue::drain_own(&ctx).await;
             release_queue::del_and_account(&ctx, queued)
                 .await
                 .map(|()| None)
         }
-        Command::Check => cmd_check(&ctx).await.map(|()| None),
-        Command::Status => {
-            cmd_status(&ctx).await?;
-            match left.first() {
-                None => Ok(None),
-                Some(o) => Err(crate::cni::Error::NotAvailable(format!(
-                    "{} release(s) owed by earlier DELs cannot be made yet (container {}: {})",
-                    left.len(),
-                    o.container_id,
-                    o.error
-                ))),
-            }
+        Command::Check => {
+            release_queue::drain_own(&ctx).await;
+            cmd_check(&ctx).await.map(|()| None)
         }
-        Command::Gc => cmd_gc(&ctx).await.map(|()| None),
+        Command::Status => {
+            release_queue::sweep(&ctx).await;
+            cmd_status(&ctx).await.map(|()| None)
+        }
+        Command::Gc => {
+            release_queue::sweep(&ctx).await;
+            cmd_gc(&ctx).await.map(|()| None)
+        }
         Command::Version => unreachable!("VERSION is answered at the edge"),
     }
 }

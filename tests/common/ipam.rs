@@ -72,8 +72,24 @@ impl Etcd {
 }
 
 /// ClusterInformation `default`, ready, on the shared etcd cluster (as
-/// calico-node would have written it).
+/// calico-node would have written it), and KubeControllersConfiguration
+/// `default` (as calico-kube-controllers would: calicoctl ipam check reads
+/// it).
 pub fn ensure_etcd_cluster_information(access: &super::etcd::EtcdAccess) {
+    let kcc = "/calico/resources/v3/projectcalico.org/kubecontrollersconfigurations/default";
+    if access.get(kcc).is_none() {
+        access.put(
+            kcc,
+            &json!({"kind": "KubeControllersConfiguration", "apiVersion": "projectcalico.org/v3",
+                    "metadata": {"name": "default", "uid": "6e1e1a3c-0000-4000-8000-000000000002",
+                                 "creationTimestamp": "2026-12-01T00:00:00Z"},
+                    "spec": {"healthChecks": "Enabled", "logSeverityScreen": "Info",
+                             "etcdV3CompactionPeriod": "10m",
+                             "controllers": {"node": {"reconcilerPeriod": "5m", "leakGracePeriod": "15m"},
+                                             "loadBalancer": {"assignIPs": "AllServices"}}}})
+            .to_string(),
+        );
+    }
     let key = "/calico/resources/v3/projectcalico.org/clusterinformations/default";
     if access.get(key).is_none() {
         access.put(
@@ -466,6 +482,18 @@ impl World {
 
     fn owns(&self, net: &IpNet) -> bool {
         self.v4_base.contains(net) || self.v6_base.contains(net)
+    }
+
+    /// Whether a line of text names an address or a CIDR of this world.
+    #[allow(dead_code)]
+    pub fn owns_text(&self, line: &str) -> bool {
+        line.split(|c: char| !(c.is_ascii_hexdigit() || ".:/".contains(c)))
+            .filter_map(|t| {
+                t.parse::<IpNet>()
+                    .ok()
+                    .or_else(|| t.parse::<IpAddr>().ok().map(IpNet::from))
+            })
+            .any(|n| self.owns(&n))
     }
 
     /// Every address allocated in this world's blocks, with its handle.

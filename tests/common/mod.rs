@@ -174,7 +174,10 @@ pub fn host_link(name: &str) -> Option<Value> {
         .output()
         .expect("spawn ip");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() && stderr.contains("does not exist") {
+    // (A link deleted while `ip` asks for it: "No such device".)
+    if !out.status.success()
+        && (stderr.contains("does not exist") || stderr.contains("No such device"))
+    {
         return None;
     }
     assert!(
@@ -231,7 +234,18 @@ impl Outcome {
 
 /// Runs `binary` with exactly `env` and `stdin`.
 pub fn exec(binary: &str, env: &HashMap<String, String>, stdin: &str) -> Outcome {
+    exec_args(binary, &[], env, stdin)
+}
+
+/// Runs `binary` with arguments `args`, exactly `env` and `stdin`.
+pub fn exec_args(
+    binary: &str,
+    args: &[&str],
+    env: &HashMap<String, String>,
+    stdin: &str,
+) -> Outcome {
     let mut child = Command::new(binary)
+        .args(args)
         .env_clear()
         .envs(env)
         .stdin(Stdio::piped())
@@ -416,4 +430,38 @@ pub fn assert_failed_cleanly(
     );
     assert!(netns.link("eth0").is_none(), "{what}: eth0 left");
     assert!(!host_link_exists(host_veth), "{what}: host veth left");
+}
+
+/// The owed entries' files of a release queue directory (a directory per
+/// network; the dead letters, `.dead`, apart), sorted.
+#[allow(dead_code)]
+pub fn queue_entry_files(queue: &Path) -> Vec<PathBuf> {
+    let Ok(networks) = std::fs::read_dir(queue) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = networks
+        .filter_map(Result::ok)
+        .filter(|n| !n.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|n| std::fs::read_dir(n.path()).ok())
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                && !p.file_name().unwrap().to_string_lossy().starts_with('.')
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Makes every owed entry of a queue due now (an entry's modification time
+/// is when it is next due), as if its backoff had passed.
+#[allow(dead_code)]
+pub fn make_queue_due(queue: &Path) {
+    for entry in queue_entry_files(queue) {
+        let f = std::fs::File::options().write(true).open(&entry).unwrap();
+        f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(1))
+            .unwrap();
+    }
 }

@@ -28,10 +28,10 @@ use super::pools::{
     SelectorLabels, USE_WORKLOAD, automatic_pools, blocks_for_host, host_seed, requested_pools,
 };
 use crate::datastore::ipam_model::{
-    AFFINITY_CONFIRMED, AFFINITY_PENDING, ATTR_NODE, BlockAffinity, BlockAffinitySpec, IpPool,
-    IpReservation, IpamBlock, IpamConfig, IpamConfigSpec, IpamHandle, IpamHandleSpec,
-    LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels, cidr_name,
-    cidr_of_block_name, hostname_hash,
+    AFFINITY_CONFIRMED, AFFINITY_PENDING, ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, BlockAffinity,
+    BlockAffinitySpec, IpPool, IpReservation, IpamBlock, IpamConfig, IpamConfigSpec, IpamHandle,
+    IpamHandleSpec, LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels,
+    cidr_name, cidr_of_block_name, hostname_hash,
 };
 use crate::datastore::{DatastoreError, ListFilter, Precondition, Resource, Store};
 
@@ -876,12 +876,21 @@ impl<'a> Allocator<'a> {
     /// The handles holding an address allocated to this host (by the
     /// allocation's `node` attribute) whose ID starts with `prefix`.
     pub async fn host_handles(&self, prefix: &str) -> Result<BTreeSet<String>, IpamError> {
+        Ok(self.host_handle_pods(prefix).await?.into_keys().collect())
+    }
+
+    /// [`Allocator::host_handles`], each with the pod (namespace, name) its
+    /// allocation's attributes name, if any.
+    pub async fn host_handle_pods(
+        &self,
+        prefix: &str,
+    ) -> Result<BTreeMap<String, Option<(String, String)>>, IpamError> {
         let blocks = self
             .store
             .list::<IpamBlock>("", &ListFilter::All)
             .await
             .map_err(ds("error listing IPAM blocks"))?;
-        let mut found = BTreeSet::new();
+        let mut found = BTreeMap::new();
         for b in blocks.iter().filter(|b| !b.spec.deleted) {
             for index in b.spec.allocations.iter().flatten() {
                 let Some(attr) = b.spec.attributes.get(*index) else {
@@ -892,7 +901,19 @@ impl<'a> Allocator<'a> {
                     && on_host
                     && h.starts_with(prefix)
                 {
-                    found.insert(h.to_string());
+                    let pod = match (
+                        attr.secondary.get(ATTR_NAMESPACE),
+                        attr.secondary.get(ATTR_POD),
+                    ) {
+                        (Some(ns), Some(pod)) if !ns.is_empty() && !pod.is_empty() => {
+                            Some((ns.clone(), pod.clone()))
+                        }
+                        _ => None,
+                    };
+                    let entry = found.entry(h.to_string()).or_insert(None);
+                    if entry.is_none() {
+                        *entry = pod;
+                    }
                 }
             }
         }

@@ -191,8 +191,10 @@ pub async fn add(call: &Call<'_>) -> Result<CniResult> {
     Ok(result_for(&ips))
 }
 
-/// Calico's IPAM result: the addresses with their block prefix, and a
-/// route to each one.
+/// Calico's IPAM result: the addresses with their block prefix (an
+/// explicit address as /32 or /128), and one route per address whose
+/// destination is that same prefixed address, as Calico's calico-ipam
+/// prints it (`{"dst": "10.0.0.5/26"}`, the host bits kept).
 fn result_for(ips: &[IpNet]) -> CniResult {
     CniResult {
         ips: ips
@@ -203,10 +205,7 @@ fn result_for(ips: &[IpNet]) -> CniResult {
                 interface: None,
             })
             .collect(),
-        routes: ips
-            .iter()
-            .map(|ip| Route::to(IpNet::from(ip.addr())))
-            .collect(),
+        routes: ips.iter().map(|ip| Route::to(*ip)).collect(),
         ..CniResult::default()
     }
 }

@@ -1,7 +1,10 @@
-//! The process edge: personality by argv[0], flags (and the operator's
-//! `calico ipam ...` subcommands, handed to [`crate::cli`]), the environment
-//! and stdin turned into a [`Request`], one dispatch, and the one place
-//! where a result or an error becomes stdout text and an exit code.
+//! The process edge: personality by argv[0], flags as Calico's binaries
+//! read them ([`flags`]; the operator's `calico ipam ...` subcommands are
+//! handed to [`crate::cli`]), the environment and stdin turned into a
+//! [`Request`], one dispatch, and the one place where a result or an error
+//! becomes stdout text and an exit code.
+
+pub mod flags;
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -108,23 +111,51 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
             return exit;
         }
     };
-    match args.get(1).map(String::as_str) {
-        None => {}
-        Some("-v" | "--version" | "-version") => return Exit::ok(format!("{VERSION}\n")),
-        // The operator's subcommands; the calico-ipam personality has none.
-        Some("ipam") if personality == Personality::Calico => {
-            let outcome = crate::cli::run(&args[2..], &vars);
+    let flags = match flags::parse(personality, args.get(1..).unwrap_or_default()) {
+        Ok(f) => f,
+        // As Go's flag package: the usage on stderr, exit 0 for help, 2
+        // for a command line it refuses.
+        Err(flags::Refused::Help) => {
             return Exit {
-                stdout: outcome.stdout,
-                stderr: outcome.stderr,
-                code: outcome.code,
+                stderr: flags::usage(personality),
+                ..Exit::default()
             };
         }
-        Some("-t") if personality == Personality::Calico => return test_connection(stdin),
-        Some(flag) => {
-            let e = Error::Invocation(format!("failed to parse CLI flags: unknown flag {flag:?}"));
-            return Exit::error(&e, version::CURRENT);
+        Err(flags::Refused::Usage(problem)) => {
+            return Exit {
+                stderr: format!("{problem}\n{}", flags::usage(personality)),
+                code: 2,
+                ..Exit::default()
+            };
         }
+    };
+    if flags.version {
+        return Exit::ok(format!("{VERSION}\n"));
+    }
+    // The operator's subcommands (the calico-ipam personality has none):
+    // `calico ipam ...` outside a CNI call. Under a runtime (CNI_COMMAND
+    // set) every argument after the flags is ignored, as Calico's binary
+    // ignores it.
+    let operator = !vars.contains_key("CNI_COMMAND") && args.get(1) == flags.rest.first();
+    if personality == Personality::Calico
+        && operator
+        && flags.rest.first().is_some_and(|a| a == "ipam")
+    {
+        let outcome = crate::cli::run(&flags.rest[1..], &vars);
+        return Exit {
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
+            code: outcome.code,
+        };
+    }
+    if flags.test_connection {
+        return test_connection(stdin);
+    }
+    if flags.upgrade {
+        let e = Error::UnsupportedField(
+            "calico-ipam -upgrade (the host-local to calico-ipam migration) is not supported by this build".into(),
+        );
+        return Exit::error(&e, version::CURRENT);
     }
 
     let env = match CniEnv::from_vars(vars) {
