@@ -14,7 +14,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping containernetworking-plugins time sqlite3 \
-  openssl curl jq runc iptables >/dev/null
+  openssl curl jq runc iptables strace >/dev/null
 bash scripts/install-cnitool.sh
 
 bash scripts/peers.sh

@@ -466,6 +466,86 @@ fn other_networks_stale_entries_cost_nothing_and_never_make_status_fail() {
     assert!(of_network(&queue, &stale).is_empty());
 }
 
+/// What the queue costs a call whose network owes nothing, read from the
+/// system calls (strace): one look at its own network's directory, whatever
+/// other networks owe; nothing of theirs is opened.
+#[test]
+fn a_call_with_nothing_owed_looks_at_one_directory() {
+    let test = "a_call_with_nothing_owed_looks_at_one_directory";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Ok(strace) = which("strace") else {
+        common::cannot_run(
+            test,
+            "strace is not installed (scripts/test.sh installs it)",
+        );
+        return;
+    };
+    let s = Setup::new("1.0.0", false);
+    let queue = s.dir.path().join("queue");
+    stale_entries(&s, &format!("gone-{}", unique()), &queue, 50);
+    let mut healthy = s.conf.clone();
+    healthy["release_queue_dir"] = json!(queue);
+    let ns = Netns::new();
+    let cid = container_id();
+    let trace = s.dir.path().join("trace");
+    for command in ["ADD", "DEL"] {
+        let mut env = env_of(&[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", &cid),
+            ("CNI_NETNS", &ns.path()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", common::CNI_BIN),
+        ]);
+        env.insert("PATH".into(), std::env::var("PATH").unwrap_or_default());
+        let out = std::process::Command::new(&strace)
+            .args(["-f", "-qq", "-o"])
+            .arg(&trace)
+            .args(["-e", "trace=%file,%desc", CALICO])
+            .env_clear()
+            .envs(&env)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(healthy.to_string().as_bytes())?;
+                child.wait_with_output()
+            })
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let text = std::fs::read_to_string(&trace).unwrap();
+        let touching: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(&queue.display().to_string()))
+            .collect();
+        assert_eq!(touching.len(), 1, "{command}: {touching:#?}");
+        assert!(
+            touching[0].contains(&format!("{}/net1\"", queue.display()))
+                && touching[0].contains("ENOENT"),
+            "{command}: {touching:?}"
+        );
+    }
+}
+
+fn which(name: &str) -> Result<PathBuf, ()> {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.exists())
+        .ok_or(())
+}
+
 /// This network's entries still drain: an entry is replayed by the next
 /// call of its network only once it is due, once per call, its failures
 /// counted and backed off, and the release is made once the IPAM answers.
