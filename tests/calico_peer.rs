@@ -29,6 +29,27 @@ impl Calico {
     }
 }
 
+/// What every test here needs: root, Calico's binaries, the test bed.
+fn prerequisites(test: &str) -> Option<(Calico, &'static common::testbed::Testbed)> {
+    if !root_or_skip(test) {
+        return None;
+    }
+    let c = Calico::find(test)?;
+    let bed = common::testbed::testbed(test)?;
+    Some((c, bed))
+}
+
+/// A world on `backend` with a pool of /28 blocks in its first /24 and,
+/// with `dual`, one of /122 blocks in its first /64.
+fn world(test: &str, backend: Backend, dual: bool) -> Option<World> {
+    let w = World::new(test, backend)?;
+    w.pool(&w.v4(0).to_string(), json!({"blockSize": 28}));
+    if dual {
+        w.pool(&w.v6(0).to_string(), json!({"blockSize": 122}));
+    }
+    Some(w)
+}
+
 /// Which binary answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Who {
@@ -174,19 +195,13 @@ fn same_answer(
 #[test]
 fn results_are_calicos_field_for_field() {
     let test = "results_are_calicos_field_for_field";
-    if !root_or_skip(test) {
-        return;
-    }
-    let Some(c) = Calico::find(test) else { return };
-    let Some(bed) = common::testbed::testbed(test) else {
+    let Some((c, bed)) = prerequisites(test) else {
         return;
     };
     for backend in [Backend::Etcd, Backend::Kdd] {
-        let Some(w) = World::new(test, backend) else {
+        let Some(w) = world(test, backend, true) else {
             return;
         };
-        w.pool(&w.v4(0).to_string(), json!({"blockSize": 28}));
-        w.pool(&w.v6(0).to_string(), json!({"blockSize": 122}));
         let ns = bed.namespace(json!({}), json!({}));
         for (dual, version, explicit) in [
             (false, "1.0.0", false),
@@ -353,18 +368,13 @@ fn leftovers(w: &World, wl: &Workload, cid: &str, ip: &str) -> Vec<String> {
 #[test]
 fn one_node_two_binaries() {
     let test = "one_node_two_binaries";
-    if !root_or_skip(test) {
-        return;
-    }
-    let Some(c) = Calico::find(test) else { return };
-    let Some(bed) = common::testbed::testbed(test) else {
+    let Some((c, bed)) = prerequisites(test) else {
         return;
     };
     for backend in [Backend::Kdd, Backend::Etcd] {
-        let Some(w) = World::new(test, backend) else {
+        let Some(w) = world(test, backend, false) else {
             return;
         };
-        w.pool(&w.v4(0).to_string(), json!({"blockSize": 28}));
         let ns = bed.namespace(json!({}), json!({}));
         for ipam in [json!({"type": "calico-ipam"}), host_local(&w)] {
             let mut base = conf(&w);
@@ -604,9 +614,6 @@ fn comparable(object: &Value) -> Value {
     normalized(&o)
 }
 
-/// Serializes the tests that run calicoctl's cluster-wide checks.
-static CALICOCTL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// Calico's calicoctl reads what ours writes as it reads what Calico's
 /// binary writes: `get workloadendpoints` of a pod added by each (labels,
 /// a service account, named ports, dual stack) is the same object; after a
@@ -617,21 +624,14 @@ static CALICOCTL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn calicoctl_reads_what_we_write() {
     let test = "calicoctl_reads_what_we_write";
-    if !root_or_skip(test) {
-        return;
-    }
-    let Some(c) = Calico::find(test) else { return };
-    let Some(bed) = common::testbed::testbed(test) else {
+    let Some((c, bed)) = prerequisites(test) else {
         return;
     };
-    let _serial = CALICOCTL.lock().unwrap_or_else(|e| e.into_inner());
     for backend in [Backend::Kdd, Backend::Etcd] {
-        let Some(w) = World::new(test, backend) else {
+        let Some(w) = world(test, backend, true) else {
             return;
         };
         let pool4 = w.v4(0).to_string();
-        w.pool(&pool4, json!({"blockSize": 28}));
-        w.pool(&w.v6(0).to_string(), json!({"blockSize": 122}));
         let ns = bed.namespace(json!({"team": "a"}), json!({}));
         let mut k8s = conf(&w);
         k8s["kubernetes"] = json!({"kubeconfig": bed.cni_kubeconfig()});

@@ -82,6 +82,38 @@ fn of_this_network(ctx: &Context, wep: &WorkloadEndpoint, ours: &HashSet<String>
     }
 }
 
+/// Removes a stale endpoint record (exactly as read: a writer that changed
+/// it since wins) and, with `veth`, its host veth first.
+async fn collect(
+    store: &dyn crate::datastore::Store,
+    wep: &WorkloadEndpoint,
+    veth: bool,
+) -> std::result::Result<(), String> {
+    let name = &wep.spec.interface_name;
+    if veth && !name.is_empty() {
+        match delete_host_veth(name).await {
+            Ok(true) => tracing::info!(veth = %name, "GC removed a stale host veth"),
+            Ok(false) => {}
+            Err(e) => return Err(format!("host veth {name}: {e}")),
+        }
+    }
+    let meta = &wep.metadata;
+    match store
+        .delete::<WorkloadEndpoint>(&meta.namespace, &meta.name, &Precondition::exactly(meta))
+        .await
+    {
+        Ok(()) | Err(crate::datastore::DatastoreError::NotFound(_)) => {
+            tracing::info!(
+                endpoint = %meta.name,
+                container = %wep.spec.container_id,
+                "GC removed a stale endpoint record"
+            );
+            Ok(())
+        }
+        Err(e) => Err(format!("endpoint {}: {e}", meta.name)),
+    }
+}
+
 /// The Kubernetes datastore: the pods whose address annotations still name
 /// a container calico-ipam of this network allocated for on this node and
 /// that is not among the valid attachments (the pod outlived a sandbox
@@ -127,32 +159,8 @@ async fn clear_stale_pods(ctx: &Context, valid: &[Attachment]) -> Result<()> {
         if spec.node != ctx.node || spec.container_id != cid || spec.ip_networks.is_empty() {
             continue;
         }
-        if !spec.interface_name.is_empty() {
-            match delete_host_veth(&spec.interface_name).await {
-                Ok(true) => {
-                    tracing::info!(veth = %spec.interface_name, "GC removed a stale host veth")
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    errors.push(format!("host veth {}: {e}", spec.interface_name));
-                    continue;
-                }
-            }
-        }
-        let pre = Precondition {
-            resource_version: Some(wep.metadata.resource_version.clone()).filter(|v| !v.is_empty()),
-            uid: Some(wep.metadata.uid.clone()).filter(|v| !v.is_empty()),
-        };
-        match store
-            .delete::<WorkloadEndpoint>(&namespace, &wep.metadata.name, &pre)
-            .await
-        {
-            Ok(()) | Err(crate::datastore::DatastoreError::NotFound(_)) => tracing::info!(
-                pod = %name,
-                container = %cid,
-                "GC cleared a stale pod's address annotations"
-            ),
-            Err(e) => errors.push(format!("pod {namespace}/{name}: {e}")),
+        if let Err(e) = collect(store.as_ref(), &wep, true).await {
+            errors.push(e);
         }
     }
     if errors.is_empty() {
@@ -202,33 +210,9 @@ async fn remove_stale_endpoints(ctx: &Context, valid: &[Attachment]) -> Result<(
         }
         // The host veth: when no valid attachment of the same container
         // could be using it.
-        if !spec.interface_name.is_empty() && !kept_containers.contains(spec.container_id.as_str())
-        {
-            match delete_host_veth(&spec.interface_name).await {
-                Ok(true) => {
-                    tracing::info!(veth = %spec.interface_name, "GC removed a stale host veth")
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    errors.push(format!("host veth {}: {e}", spec.interface_name));
-                    continue;
-                }
-            }
-        }
-        let pre = Precondition {
-            resource_version: Some(wep.metadata.resource_version.clone()).filter(|v| !v.is_empty()),
-            uid: Some(wep.metadata.uid.clone()).filter(|v| !v.is_empty()),
-        };
-        match store
-            .delete::<WorkloadEndpoint>(&wep.metadata.namespace, &wep.metadata.name, &pre)
-            .await
-        {
-            Ok(()) | Err(crate::datastore::DatastoreError::NotFound(_)) => tracing::info!(
-                endpoint = %wep.metadata.name,
-                container = %spec.container_id,
-                "GC removed a stale WorkloadEndpoint"
-            ),
-            Err(e) => errors.push(format!("WorkloadEndpoint {}: {e}", wep.metadata.name)),
+        let veth = !kept_containers.contains(spec.container_id.as_str());
+        if let Err(e) = collect(store.as_ref(), &wep, veth).await {
+            errors.push(e);
         }
     }
     if errors.is_empty() {

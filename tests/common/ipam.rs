@@ -76,31 +76,33 @@ impl Etcd {
 /// `default` (as calico-kube-controllers would: calicoctl ipam check reads
 /// it).
 pub fn ensure_etcd_cluster_information(access: &super::etcd::EtcdAccess) {
-    let kcc = "/calico/resources/v3/projectcalico.org/kubecontrollersconfigurations/default";
-    if access.get(kcc).is_none() {
-        access.put(
-            kcc,
-            &json!({"kind": "KubeControllersConfiguration", "apiVersion": "projectcalico.org/v3",
-                    "metadata": {"name": "default", "uid": "6e1e1a3c-0000-4000-8000-000000000002",
-                                 "creationTimestamp": "2026-12-01T00:00:00Z"},
-                    "spec": {"healthChecks": "Enabled", "logSeverityScreen": "Info",
-                             "etcdV3CompactionPeriod": "10m",
-                             "controllers": {"node": {"reconcilerPeriod": "5m", "leakGracePeriod": "15m"},
-                                             "loadBalancer": {"assignIPs": "AllServices"}}}})
-            .to_string(),
-        );
-    }
-    let key = "/calico/resources/v3/projectcalico.org/clusterinformations/default";
-    if access.get(key).is_none() {
-        access.put(
-            key,
-            &json!({"kind": "ClusterInformation", "apiVersion": "projectcalico.org/v3",
-                    "metadata": {"name": "default", "uid": "6e1e1a3c-0000-4000-8000-000000000001",
-                                 "creationTimestamp": "2026-12-01T00:00:00Z"},
-                    "spec": {"clusterGUID": "0123456789abcdef0123456789abcdef",
-                             "clusterType": "k8s,bgp", "datastoreReady": true}})
-            .to_string(),
-        );
+    let v3 = "/calico/resources/v3/projectcalico.org";
+    for (plural, kind, uid, spec) in [
+        (
+            "clusterinformations",
+            "ClusterInformation",
+            1,
+            json!({"clusterGUID": "0123456789abcdef0123456789abcdef",
+                   "clusterType": "k8s,bgp", "datastoreReady": true}),
+        ),
+        (
+            "kubecontrollersconfigurations",
+            "KubeControllersConfiguration",
+            2,
+            json!({"healthChecks": "Enabled", "logSeverityScreen": "Info",
+                   "etcdV3CompactionPeriod": "10m",
+                   "controllers": {"node": {"reconcilerPeriod": "5m", "leakGracePeriod": "15m"},
+                                   "loadBalancer": {"assignIPs": "AllServices"}}}),
+        ),
+    ] {
+        let key = format!("{v3}/{plural}/default");
+        if access.get(&key).is_none() {
+            let object = json!({"kind": kind, "apiVersion": "projectcalico.org/v3",
+                "metadata": {"name": "default", "uid": format!("6e1e1a3c-0000-4000-8000-00000000000{uid}"),
+                             "creationTimestamp": "2026-12-01T00:00:00Z"},
+                "spec": spec});
+            access.put(&key, &object.to_string());
+        }
     }
 }
 
