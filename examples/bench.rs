@@ -25,9 +25,9 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use calico_cni::dataplane::linux::{Networking, PodNetwork};
 use calico_cni::dataplane::netlink::{Netlink, RtNetlink, VethSpec};
 use calico_cni::dataplane::netns::NetNs;
+use calico_cni::dataplane::veth::{Networking, PodNetwork};
 use serde_json::{Value, json};
 
 const CNI_BIN: &str = "/usr/lib/cni";

@@ -203,11 +203,8 @@ impl Store for Counting {
     ) -> Result<Vec<String>, DatastoreError> {
         self.inner.list_names(kind, namespace).await
     }
-    fn handle_name(&self, handle_id: &str) -> String {
-        self.inner.handle_name(handle_id)
-    }
-    fn affinity_name(&self, node: &str, cidr: &IpNet) -> String {
-        self.inner.affinity_name(node, cidr)
+    fn backend(&self) -> calico_cni::datastore::Backend {
+        self.inner.backend()
     }
 }
 

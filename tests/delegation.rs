@@ -63,9 +63,9 @@ fn host_local_add_and_del_in_every_version() {
             "ipam": {"type": "host-local", "subnet": range.to_string(), "dataDir": dir.path()}
         });
         let delegate = Delegate {
-            plugin: "host-local",
-            path: &path,
-            env: &env,
+            plugin: "host-local".into(),
+            path: path.clone().into(),
+            env: std::sync::Arc::new(env.clone()),
             extra_args: None,
             deadline: Instant::now() + std::time::Duration::from_secs(10),
         };
@@ -99,9 +99,9 @@ fn negotiation_asks_version_only_when_refused() {
     let path = vec![PathBuf::from(CNI_BIN)];
     let env = env_of(&[]);
     let delegate = Delegate {
-        plugin: "host-local",
-        path: &path,
-        env: &env,
+        plugin: "host-local".into(),
+        path: path.clone().into(),
+        env: std::sync::Arc::new(env.clone()),
         extra_args: None,
         deadline: Instant::now() + std::time::Duration::from_secs(10),
     };

@@ -1716,6 +1716,9 @@ struct RacingStore {
 
 #[async_trait::async_trait]
 impl Store for RacingStore {
+    fn backend(&self) -> calico_cni::datastore::Backend {
+        self.inner.backend()
+    }
     async fn get_object(
         &self,
         kind: &'static calico_cni::datastore::Kind,

@@ -26,7 +26,7 @@ use calico_cni::cni::{CniResult, Error, NetConf, Request};
 use calico_cni::ipam::calico::selector::Selector;
 use calico_cni::k8s::client::jwt_expiry;
 use calico_cni::k8s::{K8sClient, K8sConfig};
-use calico_cni::plugin::annotations::{
+use calico_cni::plugin::workload::annotations::{
     self as rules, ANNOTATION_ALLOWED_SOURCE_PREFIXES, ANNOTATION_FLOATING_IPS, ANNOTATION_HW_ADDR,
     ANNOTATION_IP_ADDRS, ANNOTATION_IP_ADDRS_NO_IPAM, ANNOTATION_IP_FAMILIES,
     ANNOTATION_IPV4_POOLS, ANNOTATION_IPV6_POOLS, AddressSource, CALICO_IPAM,

@@ -149,7 +149,7 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
         };
     }
     if flags.test_connection {
-        return test_connection(stdin);
+        return test_connection(stdin, &vars);
     }
     if flags.upgrade {
         let e = Error::UnsupportedField(
@@ -236,7 +236,7 @@ fn print_result(result: Option<crate::cni::CniResult>, version: Version) -> Resu
 /// `calico -t`: the network config on stdin (a conflist: its calico
 /// plugin), its datastore probed; exit 0 and no output when it answers,
 /// else Calico's "data store connection failed" error (code 100).
-fn test_connection(stdin: &mut dyn Read) -> Exit {
+fn test_connection(stdin: &mut dyn Read, vars: &HashMap<String, String>) -> Exit {
     let failed = |e: &Error| {
         let reply = crate::cni::error::PluginError {
             cni_version: Some(version::CURRENT.to_string()),
@@ -279,7 +279,7 @@ fn test_connection(stdin: &mut dyn Read) -> Exit {
         Ok(rt) => rt,
         Err(e) => return failed(&Error::Internal(format!("cannot start runtime: {e}"))),
     };
-    match runtime.block_on(crate::plugin::connection::test_connection(&conf)) {
+    match runtime.block_on(crate::plugin::connection::test_connection(&conf, vars)) {
         Ok(()) => Exit::default(),
         Err(e) => failed(&e),
     }

@@ -331,7 +331,7 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
     let deadline = Instant::now() + DEADLINE;
     let outcome = runtime.block_on(async {
         let work = async {
-            let opened = open(&conf, deadline, None, || async {
+            let opened = open(&conf, vars, deadline, None, || async {
                 Ok(K8sClient::new(&conf.k8s_config(), deadline).await?)
             })
             .await

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -25,13 +26,13 @@ const TEXT_BUSY_PAUSE: Duration = Duration::from_secs(1);
 
 /// A plugin to delegate to, and everything needed to run it.
 #[derive(Debug, Clone)]
-pub struct Delegate<'a> {
+pub struct Delegate {
     /// The plugin's type (its file name in `CNI_PATH`).
-    pub plugin: &'a str,
+    pub plugin: String,
     /// Directories of `CNI_PATH`.
-    pub path: &'a [PathBuf],
+    pub path: Arc<[PathBuf]>,
     /// The caller's environment.
-    pub env: &'a HashMap<String, String>,
+    pub env: Arc<HashMap<String, String>>,
     /// Extra `K=V` pairs appended to `CNI_ARGS` (e.g. `IP=10.0.0.7`).
     pub extra_args: Option<String>,
     /// When the whole invocation must be done.
@@ -82,7 +83,7 @@ fn delegated_args(current: Option<&str>, extra: Option<&str>) -> String {
     args
 }
 
-impl Delegate<'_> {
+impl Delegate {
     fn remaining(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
     }
@@ -90,9 +91,9 @@ impl Delegate<'_> {
     /// Starts the plugin for `command`. It blocks reading its config from
     /// stdin, so it acts on nothing until [`Running::finish`] writes the
     /// config; a `Running` dropped unfinished kills the process first.
-    pub async fn spawn(&self, command: Command) -> Result<Running<'_>> {
-        let binary = find_in_path(self.plugin, self.path)?;
-        let mut env = self.env.clone();
+    pub async fn spawn(&self, command: Command) -> Result<Running> {
+        let binary = find_in_path(&self.plugin, &self.path)?;
+        let mut env = (*self.env).clone();
         env.insert("CNI_COMMAND".into(), command.as_str().into());
         env.insert(
             "CNI_ARGS".into(),
@@ -115,7 +116,8 @@ impl Delegate<'_> {
             match spawned {
                 Ok(child) => {
                     return Ok(Running {
-                        delegate: self,
+                        plugin: self.plugin.clone(),
+                        deadline: self.deadline,
                         command,
                         binary,
                         child,
@@ -154,7 +156,7 @@ impl Delegate<'_> {
         &self,
         command: Command,
         config: &Value,
-        first: Option<Running<'_>>,
+        first: Option<Running>,
     ) -> Result<(Vec<u8>, Version)> {
         let version = Version::from_config(config.get("cniVersion").and_then(Value::as_str))?;
         let stdin = serde_json::to_vec(config).expect("JSON values serialize");
@@ -170,7 +172,7 @@ impl Delegate<'_> {
                 else {
                     return Err(Error::Delegated(e));
                 };
-                tracing::info!(plugin = self.plugin, %version, %fallback, "retrying at a version the plugin supports");
+                tracing::info!(plugin = %self.plugin, %version, %fallback, "retrying at a version the plugin supports");
                 let mut config = config.clone();
                 config["cniVersion"] = Value::String(fallback.to_string());
                 if let Some(prev) = config.get("prevResult").cloned() {
@@ -220,7 +222,7 @@ impl Delegate<'_> {
 
     /// ADD on a process started earlier with [`Self::spawn`] (so that its
     /// start-up overlapped other work), or on a new one.
-    pub async fn add_on(&self, config: &Value, running: Option<Running<'_>>) -> Result<CniResult> {
+    pub async fn add_on(&self, config: &Value, running: Option<Running>) -> Result<CniResult> {
         let (stdout, version) = self.exec_negotiated(Command::Add, config, running).await?;
         let text = String::from_utf8_lossy(&stdout);
         let value: Value = if text.trim().is_empty() {
@@ -247,7 +249,7 @@ impl Delegate<'_> {
         &self,
         command: Command,
         config: &Value,
-        running: Option<Running<'_>>,
+        running: Option<Running>,
     ) -> Result<()> {
         self.exec_negotiated(command, config, running)
             .await
@@ -263,7 +265,7 @@ impl Delegate<'_> {
             .any(|v| Version::parse(v).is_ok_and(|v| v >= Version::V1_1_0))
         {
             tracing::debug!(
-                plugin = self.plugin,
+                plugin = %self.plugin,
                 verb = command.as_str(),
                 "plugin predates spec 1.1.0; skipped"
             );
@@ -274,36 +276,39 @@ impl Delegate<'_> {
 }
 
 /// A delegated plugin process that has been started and waits for its config.
-pub struct Running<'a> {
-    delegate: &'a Delegate<'a>,
+pub struct Running {
+    plugin: String,
+    deadline: Instant,
     command: Command,
     binary: PathBuf,
     child: tokio::process::Child,
     started: Instant,
 }
 
-impl Running<'_> {
+impl Running {
     /// Writes the config, waits (within the deadline) and reads the outcome.
     pub async fn finish(self, stdin: &[u8]) -> Result<Vec<u8>> {
         let Running {
-            delegate,
+            plugin,
+            deadline,
             command,
             binary,
             child,
             started,
         } = self;
-        let output = tokio::time::timeout(delegate.remaining(), run_to_end(child, stdin))
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let output = tokio::time::timeout(remaining, run_to_end(child, stdin))
             .await
             .map_err(|_| {
                 Error::TryAgainLater(format!(
                     "{} {} did not finish within the deadline",
-                    delegate.plugin,
+                    plugin,
                     command.as_str()
                 ))
             })?
             .map_err(|e| Error::Ipam(format!("failed to run {}: {e}", binary.display())))?;
         tracing::debug!(
-            plugin = delegate.plugin,
+            plugin = %plugin,
             command = command.as_str(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             status = ?output.status,
@@ -316,7 +321,7 @@ impl Running<'_> {
             let text =
                 crate::cni::config::redact_text(&String::from_utf8_lossy(&output.stderr), &config);
             tracing::debug!(
-                plugin = delegate.plugin,
+                plugin = %plugin,
                 "delegated plugin stderr: {}",
                 text.trim_end()
             );

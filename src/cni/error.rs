@@ -125,6 +125,11 @@ pub enum Error {
 
     #[error("{0}")]
     Internal(String),
+
+    /// Several steps failed (GC, DEL's parts): every error, reported
+    /// together; the code is the most severe one's.
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Several(Vec<Error>),
 }
 
 impl Error {
@@ -149,6 +154,27 @@ impl Error {
             Error::Unauthorized(_) => UNAUTHORIZED,
             Error::Invocation(_) => INVOCATION,
             Error::Internal(_) => INTERNAL,
+            Error::Several(errors) => errors
+                .iter()
+                .map(Error::code)
+                .reduce(|worst, c| {
+                    if severity(c) > severity(worst) {
+                        c
+                    } else {
+                        worst
+                    }
+                })
+                .unwrap_or(INTERNAL),
+        }
+    }
+
+    /// Every error of `outcomes`: none, the one, or [`Error::Several`].
+    pub fn all(outcomes: impl IntoIterator<Item = Result<()>>) -> Result<()> {
+        let mut errors: Vec<Error> = outcomes.into_iter().filter_map(Result::err).collect();
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Several(errors)),
         }
     }
 
@@ -199,6 +225,14 @@ impl Error {
             Error::Unauthorized(m) => Error::Unauthorized(wrap(m)),
             Error::Invocation(m) => Error::Invocation(wrap(m)),
             Error::Internal(m) => Error::Internal(wrap(m)),
+            Error::Several(mut errors) => {
+                // "what: first; second": the context reads once.
+                if let Some(first) = errors.first_mut() {
+                    *first = std::mem::replace(first, Error::Internal(String::new()))
+                        .context(what.to_string());
+                }
+                Error::Several(errors)
+            }
             // Version, env and delegated errors keep their exact text.
             other => other,
         }
@@ -206,6 +240,20 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How severe a failure of `code` is, among several of one call: "try
+/// again later" least, then "not available", then a service's failure
+/// (datastore, dataplane, IPAM, Kubernetes, a delegated plugin's), then a
+/// request the plugin refuses, then a bug; the first of equals wins.
+fn severity(code: u32) -> u8 {
+    match code {
+        code::TRY_AGAIN_LATER => 1,
+        code::NOT_AVAILABLE | code::NOT_AVAILABLE_LIMITED => 2,
+        code::INTERNAL => 5,
+        1..=10 | code::INVOCATION => 4,
+        _ => 3,
+    }
+}
 
 impl From<crate::k8s::K8sError> for Error {
     fn from(e: crate::k8s::K8sError) -> Self {
@@ -253,6 +301,38 @@ mod tests {
             v,
             serde_json::json!({"cniVersion":"0.4.0","code":7,"msg":"missing network name"})
         );
+    }
+
+    #[test]
+    fn several_errors_answer_with_the_most_severe() {
+        let e = Error::all([
+            Ok(()),
+            Err(Error::TryAgainLater("timed out".into())),
+            Err(Error::Datastore("refused".into())),
+        ])
+        .unwrap_err();
+        assert_eq!(e.code(), code::DATASTORE);
+        assert_eq!(e.to_string(), "timed out; refused");
+        assert!(Error::all([Ok(()), Ok(())]).is_ok());
+        let one = Error::all([Err(Error::TryAgainLater("x".into()))]).unwrap_err();
+        assert!(matches!(one, Error::TryAgainLater(_)));
+        assert_eq!(
+            Error::all([
+                Err(Error::Ipam("a".into())),
+                Err(Error::Dataplane("b".into()))
+            ])
+            .unwrap_err()
+            .code(),
+            code::IPAM,
+            "the first of equals"
+        );
+        let e = Error::all([
+            Err(Error::Ipam("a".into())),
+            Err(Error::TryAgainLater("b".into())),
+        ])
+        .unwrap_err()
+        .context("GC");
+        assert_eq!(e.to_string(), "GC: a; b");
     }
 
     #[test]

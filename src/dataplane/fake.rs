@@ -1,14 +1,24 @@
-//! A recording in-memory [`Netlink`] and [`SysctlWriter`] for testing the
-//! dataplane sequence without root.
+//! A recording in-memory [`Netlink`], [`SysctlWriter`] and pod
+//! [`Namespaces`]: the veth layout's whole sequence without root, for the
+//! dataplane's tests and the plugin layer's (built for tests, or with the
+//! `test-fakes` feature). Every operation is logged (`host: ...`, `pod:
+//! ...`), and to a journal shared with other fakes when one is given; an
+//! operation whose log line starts with `fail_on` fails.
 
+use std::collections::HashSet;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use ipnet::IpNet;
+use tokio::time::Instant;
 
-use crate::dataplane::linux::SysctlWriter;
 use crate::dataplane::netlink::{AddrState, LinkState, Netlink, RouteSpec, VethSpec};
 use crate::dataplane::sysctl::Sysctl;
+use crate::dataplane::veth::{CleanupOutcome, Namespaces, PodSide, SysctlWriter, VethDataplane};
 use crate::dataplane::{DataplaneError, MacAddr};
+
+/// A log several fakes write to, in the order things happen.
+pub type Journal = Arc<Mutex<Vec<String>>>;
 
 #[derive(Default)]
 pub struct FakeState {
@@ -26,6 +36,7 @@ pub struct FakeNetlink {
     pub name: &'static str,
     pub state: Mutex<FakeState>,
     pub peer: Option<Arc<FakeNetlink>>,
+    journal: Mutex<Option<Journal>>,
 }
 
 impl FakeNetlink {
@@ -37,12 +48,21 @@ impl FakeNetlink {
                 ..FakeState::default()
             }),
             peer,
+            journal: Mutex::new(None),
         })
     }
 
+    /// Also logs every operation to `journal`.
+    pub fn share_log(&self, journal: &Journal) {
+        *self.journal.lock().unwrap() = Some(Arc::clone(journal));
+    }
+
     fn record(&self, op: String) -> Result<(), DataplaneError> {
-        let mut s = self.state.lock().unwrap();
         let line = format!("{}: {op}", self.name);
+        if let Some(j) = self.journal.lock().unwrap().as_ref() {
+            j.lock().unwrap().push(format!("dataplane {line}"));
+        }
+        let mut s = self.state.lock().unwrap();
         let fail = s
             .fail_on
             .as_ref()
@@ -210,10 +230,99 @@ impl SysctlWriter for FakeSysctls {
     }
 }
 
+/// Pod namespaces of the fake: the paths registered exist, and each is the
+/// one pod side `pod` (whose veth peer the host side creates).
+pub struct FakeNamespaces {
+    pub host: Arc<FakeNetlink>,
+    pub pod: Arc<FakeNetlink>,
+    pub sysctls: Arc<FakeSysctls>,
+    pub paths: Mutex<HashSet<String>>,
+}
+
+impl Namespaces for FakeNamespaces {
+    fn open(&self, netns: &Path) -> Result<Option<PodSide>, DataplaneError> {
+        let exists = self
+            .paths
+            .lock()
+            .unwrap()
+            .contains(&netns.display().to_string());
+        Ok(exists.then(|| PodSide {
+            netlink: self.pod.clone(),
+            sysctls: self.sysctls.clone(),
+            fd: -1,
+        }))
+    }
+
+    fn delete_link(
+        &self,
+        netns: &str,
+        ifname: &str,
+        _deadline: Instant,
+    ) -> futures::future::BoxFuture<'static, Result<CleanupOutcome, DataplaneError>> {
+        let exists = self.paths.lock().unwrap().contains(netns);
+        let (pod, host, ifname) = (self.pod.clone(), self.host.clone(), ifname.to_string());
+        Box::pin(async move {
+            if !exists {
+                return Ok(CleanupOutcome::NetnsGone);
+            }
+            if !pod.delete_link(&ifname).await? {
+                return Ok(CleanupOutcome::LinkGone);
+            }
+            // The host end (and its routes) go with the pair.
+            let mut s = host.state.lock().unwrap();
+            s.links.clear();
+            s.routes.clear();
+            Ok(CleanupOutcome::Deleted)
+        })
+    }
+}
+
+/// A whole fake dataplane: the veth layout over a fake host side and one
+/// fake pod, whose namespace exists at each of `netns_paths`.
+pub struct FakeDataplane {
+    pub dataplane: Arc<VethDataplane>,
+    pub namespaces: Arc<FakeNamespaces>,
+}
+
+impl FakeDataplane {
+    pub fn new(netns_paths: &[&str], journal: Option<&Journal>) -> FakeDataplane {
+        let pod = FakeNetlink::new("pod", None);
+        let host = FakeNetlink::new("host", Some(pod.clone()));
+        if let Some(j) = journal {
+            pod.share_log(j);
+            host.share_log(j);
+        }
+        let namespaces = Arc::new(FakeNamespaces {
+            host: host.clone(),
+            pod,
+            sysctls: Arc::new(FakeSysctls::default()),
+            paths: Mutex::new(netns_paths.iter().map(|p| p.to_string()).collect()),
+        });
+        let dataplane = Arc::new(VethDataplane::with_host(host, namespaces.clone()));
+        FakeDataplane {
+            dataplane,
+            namespaces,
+        }
+    }
+
+    pub fn host(&self) -> &Arc<FakeNetlink> {
+        &self.namespaces.host
+    }
+
+    pub fn pod(&self) -> &Arc<FakeNetlink> {
+        &self.namespaces.pod
+    }
+
+    /// The netns at `path` is gone (its pod side stays as it was).
+    pub fn remove_netns(&self, path: &str) {
+        self.namespaces.paths.lock().unwrap().remove(path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::linux::{Networking, PodNetwork};
+    use crate::dataplane::veth::{Networking, PodNetwork};
     use tokio::time::Instant;
 
     fn request(ips: &[&str], routes: &[&str]) -> Networking {

@@ -1,20 +1,82 @@
-//! The Linux dataplane: the pod's veth pair, addresses, routes and sysctls,
-//! laid out exactly as Calico lays them out.
+//! The pod's network, behind one seam: [`Dataplane`] — DoNetworking in its
+//! two halves (the pair before the addresses are known, then addresses,
+//! routes and sysctls), CHECK's verification, CleanUpNamespace and the
+//! removal of a host link — which the veth layout ([`veth`]) implements
+//! today, exactly as Calico lays it out. One dataplane is opened per call
+//! ([`open`]): its host netlink socket serves every host-side operation of
+//! that call. [`fake`] (tests, or the `test-fakes` feature) records every
+//! operation without root.
 
-pub mod linux;
 pub mod netlink;
 pub mod netns;
 pub mod routes;
 pub mod sysctl;
+pub mod veth;
 
-#[cfg(test)]
-mod fake;
+#[cfg(any(test, feature = "test-fakes"))]
+pub mod fake;
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 
-pub use linux::{CleanupOutcome, Networking, NetworkingOutcome, PodNetwork};
+use tokio::time::Instant;
+
 pub use netns::NetNs;
+pub use veth::{CleanupOutcome, Networking, NetworkingOutcome, PodNetwork, Prepared};
+
+/// The pod's network as one call sees it.
+#[async_trait::async_trait]
+pub trait Dataplane: Send + Sync {
+    /// DoNetworking, the part that needs no addresses (it runs while the
+    /// IPAM allocates): the pod's interface pair, each end in its
+    /// namespace. Undone by the dataplane itself when it fails.
+    async fn prepare(&self, netns: &Path, net: &Networking) -> Result<PreparedPod, DataplaneError>;
+
+    /// DoNetworking, the rest, once the addresses are known: sysctls,
+    /// links up, container routes and addresses, host routes. On failure
+    /// the pair is removed.
+    async fn finish(
+        &self,
+        pod: &PreparedPod,
+        net: &Networking,
+    ) -> Result<NetworkingOutcome, DataplaneError>;
+
+    /// CHECK: everything `finish` made is there (`expected_mac`: the
+    /// container interface's MAC when known).
+    async fn check(
+        &self,
+        netns: &Path,
+        expected: &Networking,
+        expected_mac: Option<MacAddr>,
+    ) -> Result<(), DataplaneError>;
+
+    /// CleanUpNamespace: the pod's interface (its host peer and host routes
+    /// go with it). A netns or interface already gone is success.
+    async fn clean_up(
+        &self,
+        netns: &str,
+        ifname: &str,
+        deadline: Instant,
+    ) -> Result<CleanupOutcome, DataplaneError>;
+
+    /// Removes a host link by name (a sandbox whose netns is gone, a
+    /// rollback, GC); `false` when there was none.
+    async fn delete_host_link(&self, name: &str) -> Result<bool, DataplaneError>;
+}
+
+/// A pod whose interface pair `prepare` made: its namespace, opened, and
+/// the pair's links.
+pub struct PreparedPod {
+    pub pod: PodNetwork,
+    pub links: Prepared,
+}
+
+/// The dataplane of one call: the veth layout on this kernel.
+pub fn open() -> Arc<dyn Dataplane> {
+    Arc::new(veth::VethDataplane::new(Arc::new(veth::KernelNamespaces)))
+}
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DataplaneError {

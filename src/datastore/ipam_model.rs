@@ -333,6 +333,25 @@ pub fn handle_name(handle_id: &str) -> String {
     handle_id.to_lowercase()
 }
 
+/// The IPAMHandle's name for `handle_id` on `backend`: etcd keys keep the
+/// ID as it is; Calico's Kubernetes datastore lower-cases it (a resource
+/// name), and the embedded store does the same.
+pub fn handle_name_on(backend: super::Backend, handle_id: &str) -> String {
+    match backend {
+        super::Backend::Etcd => handle_id.to_string(),
+        _ => handle_name(handle_id),
+    }
+}
+
+/// The BlockAffinity's name for `node` and `cidr` on `backend` (etcd: its
+/// key under the node).
+pub fn affinity_name_on(backend: super::Backend, node: &str, cidr: &IpNet) -> String {
+    match backend {
+        super::Backend::Etcd => super::etcd::codec::affinity_name(node, cidr),
+        _ => affinity_name(node, cidr),
+    }
+}
+
 /// The BlockAffinity name of `node`'s affinity to `cidr`: `<node>-<cidr
 /// name>`, or, when that reaches 253 characters, the node name cut short,
 /// the CIDR name and the first 11 hex digits of SHA-256 of

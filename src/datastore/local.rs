@@ -273,6 +273,10 @@ impl Store for LocalStore {
         self.blocking(move |conn| delete(conn, kind, &namespace, &name, &precondition))
             .await
     }
+
+    fn backend(&self) -> super::Backend {
+        super::Backend::Local
+    }
 }
 
 impl From<rusqlite::Error> for DatastoreError {

@@ -12,6 +12,7 @@
 //! preconditions. Errors keep their kind up to the CNI edge (a timeout is
 //! code 11, rejected credentials code 103, the rest code 100).
 
+pub mod endpoints;
 pub mod etcd;
 pub mod ipam_model;
 pub mod kubernetes;
@@ -27,6 +28,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 
 use model::{ClusterInformation, ObjectMeta};
+
+/// The datastores: which one a config selects and a store is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded SQLite store.
+    Local,
+    /// The Kubernetes API server (Calico's CRDs, pods).
+    Kubernetes,
+    /// etcd v3, in Calico's key layout.
+    Etcd,
+}
 
 /// Where the objects of one kind live on each backend.
 #[derive(Debug)]
@@ -276,17 +288,8 @@ pub trait Store: Send + Sync {
             .collect())
     }
 
-    /// The name this backend gives the IPAMHandle of `handle_id`: Calico's
-    /// Kubernetes datastore lower-cases it (and the embedded store does the
-    /// same); etcd keys keep it as it is.
-    fn handle_name(&self, handle_id: &str) -> String {
-        ipam_model::handle_name(handle_id)
-    }
-
-    /// The name this backend gives `node`'s BlockAffinity for `cidr`.
-    fn affinity_name(&self, node: &str, cidr: &ipnet::IpNet) -> String {
-        ipam_model::affinity_name(node, cidr)
-    }
+    /// Which datastore this is.
+    fn backend(&self) -> Backend;
 
     /// The same store with its requests bound to `deadline` instead (a
     /// cleanup budget); `None` when this store's requests are not bound

@@ -73,6 +73,22 @@ impl WepIdentifiers {
                 .all(|((_, want), got)| want.is_empty() || want == got)
     }
 
+    /// The name prefix that finds this workload's records on any
+    /// interface (the endpoint left out).
+    pub fn lookup_prefix(&self) -> Result<String, NameError> {
+        let mut ids = self.clone();
+        ids.endpoint.clear();
+        ids.name_prefix()
+    }
+
+    /// [`WepIdentifiers::name_matches`] with the interface left out: a
+    /// record of this workload on any interface.
+    pub fn name_matches_any_interface(&self, name: &str) -> bool {
+        let mut ids = self.clone();
+        ids.endpoint.clear();
+        ids.name_matches(name)
+    }
+
     /// Recovers identifiers from a WorkloadEndpoint name (the inverse of
     /// [`WepIdentifiers::name`]). Missing trailing segments stay empty.
     pub fn parse(name: &str) -> Result<WepIdentifiers, NameError> {

@@ -2,39 +2,31 @@
 //! `calico` plugin's invocation context and the `calico-ipam` personality
 //! share.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Store;
+use super::endpoints::{Endpoints, NamespaceLabels, StoredEndpoints};
 use super::etcd::EtcdStore;
 use super::kubernetes::KubernetesStore;
 use super::local::LocalStore;
+use super::{Backend, Store};
 use crate::cni::{Error, NetConf, Result};
 use crate::etcd::{EtcdClient, EtcdConfig};
 use crate::k8s::K8sClient;
 
-/// Which datastore the config selects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DatastoreKind {
-    Local,
-    Kubernetes,
-    Etcd,
-}
-
 /// `datastore_type`, else etcd when endpoints are configured, else
 /// Kubernetes when a kubeconfig is, else the embedded local store.
-pub fn datastore_kind(c: &NetConf) -> Result<DatastoreKind> {
+pub fn datastore_kind(c: &NetConf) -> Result<Backend> {
     match c.datastore_type.as_str() {
-        "local" => Ok(DatastoreKind::Local),
-        "kubernetes" => Ok(DatastoreKind::Kubernetes),
-        "etcdv3" => Ok(DatastoreKind::Etcd),
-        "" if !c.etcd_endpoints.is_empty() || !c.etcd_discovery_srv.is_empty() => {
-            Ok(DatastoreKind::Etcd)
-        }
-        "" if !c.kubernetes.kubeconfig.is_empty() => Ok(DatastoreKind::Kubernetes),
-        "" => Ok(DatastoreKind::Local),
+        "local" => Ok(Backend::Local),
+        "kubernetes" => Ok(Backend::Kubernetes),
+        "etcdv3" => Ok(Backend::Etcd),
+        "" if !c.etcd_endpoints.is_empty() || !c.etcd_discovery_srv.is_empty() => Ok(Backend::Etcd),
+        "" if !c.kubernetes.kubeconfig.is_empty() => Ok(Backend::Kubernetes),
+        "" => Ok(Backend::Local),
         other => Err(Error::InvalidConfig(format!(
             "unknown datastore_type {other:?} (supported: local, kubernetes, etcdv3)"
         ))),
@@ -51,16 +43,32 @@ pub async fn open_local(conf: &NetConf, busy: Duration) -> Result<Arc<LocalStore
     Ok(Arc::new(store))
 }
 
-/// An opened datastore, and the Kubernetes one's own face when it is that.
+/// An opened datastore: its resource API, where it keeps the endpoint
+/// records, and (the Kubernetes datastore) where namespace labels are read.
 pub struct Opened {
     pub store: Arc<dyn Store>,
-    pub kdd: Option<Arc<KubernetesStore>>,
+    pub endpoints: Arc<dyn Endpoints>,
+    pub namespaces: Option<Arc<dyn NamespaceLabels>>,
+}
+
+impl Opened {
+    /// A store whose endpoint records are objects of its resource API.
+    fn stored(store: Arc<dyn Store>) -> Opened {
+        Opened {
+            endpoints: Arc::new(StoredEndpoints::new(Arc::clone(&store))),
+            store,
+            namespaces: None,
+        }
+    }
 }
 
 /// Opens the datastore the config selects; `client` makes the Kubernetes
-/// API client when needed (`interface_prefix`: FELIX_INTERFACEPREFIX).
+/// API client when needed (`interface_prefix`: FELIX_INTERFACEPREFIX);
+/// `vars` are the call's variables (etcd settings the config leaves out
+/// are read there, as Calico reads them from its environment).
 pub async fn open<F, Fut>(
     conf: &NetConf,
+    vars: &HashMap<String, String>,
     deadline: Instant,
     interface_prefix: Option<String>,
     client: F,
@@ -70,40 +78,35 @@ where
     Fut: std::future::Future<Output = Result<K8sClient>>,
 {
     match datastore_kind(conf)? {
-        DatastoreKind::Local => {
+        Backend::Local => {
             let busy = deadline.saturating_duration_since(Instant::now());
-            Ok(Opened {
-                store: open_local(conf, busy).await?,
-                kdd: None,
-            })
+            Ok(Opened::stored(open_local(conf, busy).await?))
         }
-        DatastoreKind::Kubernetes => {
+        Backend::Kubernetes => {
             let kdd = Arc::new(KubernetesStore::new(client().await?, interface_prefix));
             Ok(Opened {
                 store: Arc::clone(&kdd) as Arc<dyn Store>,
-                kdd: Some(kdd),
+                endpoints: Arc::clone(&kdd) as Arc<dyn Endpoints>,
+                namespaces: Some(kdd),
             })
         }
-        DatastoreKind::Etcd => {
-            let client = EtcdClient::new(&etcd_config(conf)?, deadline)
+        Backend::Etcd => {
+            let client = EtcdClient::new(&etcd_config(conf, vars)?, deadline)
                 .map_err(|e| Error::Datastore(format!("error creating calico client: {e}")))?;
-            Ok(Opened {
-                store: Arc::new(EtcdStore::new(client)),
-                kdd: None,
-            })
+            Ok(Opened::stored(Arc::new(EtcdStore::new(client))))
         }
     }
 }
 
-/// A setting from the config, else from the environment as Calico's
-/// client reads it (`CALICO_<NAME>` or `<NAME>`).
-fn setting(from_conf: &str, name: &str) -> String {
+/// A setting from the config, else from the call's variables as Calico's
+/// client reads them from its environment (`CALICO_<NAME>` or `<NAME>`).
+fn setting(from_conf: &str, vars: &HashMap<String, String>, name: &str) -> String {
     if !from_conf.is_empty() {
         return from_conf.to_string();
     }
     [format!("CALICO_{name}"), name.to_string()]
         .iter()
-        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+        .find_map(|n| vars.get(n).filter(|v| !v.is_empty()).cloned())
         .unwrap_or_default()
 }
 
@@ -111,22 +114,22 @@ fn setting(from_conf: &str, name: &str) -> String {
 /// else the deprecated `etcd_scheme`://`etcd_authority`), the TLS files;
 /// each falls back to the environment (`ETCD_ENDPOINTS`, ...) as in
 /// Calico.
-pub fn etcd_config(conf: &NetConf) -> Result<EtcdConfig> {
-    if !setting(&conf.etcd_discovery_srv, "ETCD_DISCOVERY_SRV").is_empty() {
+pub fn etcd_config(conf: &NetConf, vars: &HashMap<String, String>) -> Result<EtcdConfig> {
+    if !setting(&conf.etcd_discovery_srv, vars, "ETCD_DISCOVERY_SRV").is_empty() {
         return Err(Error::UnsupportedField(
             "etcd_discovery_srv (DNS SRV discovery) is not supported; list the members in etcd_endpoints".into(),
         ));
     }
-    let mut endpoints: Vec<String> = setting(&conf.etcd_endpoints, "ETCD_ENDPOINTS")
+    let mut endpoints: Vec<String> = setting(&conf.etcd_endpoints, vars, "ETCD_ENDPOINTS")
         .split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
         .map(str::to_string)
         .collect();
     if endpoints.is_empty() {
-        let authority = setting(&conf.etcd_authority, "ETCD_AUTHORITY");
+        let authority = setting(&conf.etcd_authority, vars, "ETCD_AUTHORITY");
         if !authority.is_empty() {
-            let scheme = setting(&conf.etcd_scheme, "ETCD_SCHEME");
+            let scheme = setting(&conf.etcd_scheme, vars, "ETCD_SCHEME");
             let scheme = if scheme.is_empty() {
                 "http"
             } else {
@@ -143,8 +146,8 @@ pub fn etcd_config(conf: &NetConf) -> Result<EtcdConfig> {
     let file = |v: String| (!v.is_empty()).then(|| std::path::PathBuf::from(v));
     Ok(EtcdConfig {
         endpoints,
-        ca_cert_file: file(setting(&conf.etcd_ca_cert_file, "ETCD_CA_CERT_FILE")),
-        cert_file: file(setting(&conf.etcd_cert_file, "ETCD_CERT_FILE")),
-        key_file: file(setting(&conf.etcd_key_file, "ETCD_KEY_FILE")),
+        ca_cert_file: file(setting(&conf.etcd_ca_cert_file, vars, "ETCD_CA_CERT_FILE")),
+        cert_file: file(setting(&conf.etcd_cert_file, vars, "ETCD_CERT_FILE")),
+        key_file: file(setting(&conf.etcd_key_file, vars, "ETCD_KEY_FILE")),
     })
 }

@@ -1,43 +1,141 @@
-//! Address management: the IPAM plugin the `calico` plugin delegates to
-//! (with host-local's special cases, [`host_local`], and the GC host-local
-//! lacks, [`host_local_gc`]), Calico's own IPAM ([`calico`]) and the
-//! `calico-ipam` personality ([`personality`]). When
-//! the configured IPAM is calico-ipam and the `calico-ipam` found in
-//! `CNI_PATH` is this very executable, the [`Driver`] runs it in process
-//! instead of exec'ing a second copy of itself.
+//! Address management behind one seam, [`Ipam`]: the IPAM plugin a
+//! network config names, exec'd ([`exec`]: any CNI IPAM plugin, with
+//! host-local's special cases, [`host_local`], and the GC host-local lacks,
+//! [`host_local_gc`]), or Calico's IPAM in this process ([`in_process`]:
+//! when the configured IPAM is calico-ipam and the `calico-ipam` found in
+//! `CNI_PATH` is this very executable). Calico's IPAM itself is
+//! [`calico`]; the `calico-ipam` personality of this executable is
+//! [`personality`]. Nothing outside this module builds an allocator.
 
 pub mod calico;
+mod exec;
+#[cfg(any(test, feature = "test-fakes"))]
+pub mod fake;
 pub mod host_local;
 pub mod host_local_gc;
+mod in_process;
 mod personality;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
+use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::cni::delegate::{Delegate, Running, find_in_path};
 use crate::cni::env::Command;
-use crate::cni::version::Version;
+use crate::cni::request::Attachment;
 use crate::cni::{CniResult, NetConf, Request, Result};
 use crate::datastore::Store;
-use crate::datastore::kubernetes::KubernetesStore;
+use crate::datastore::endpoints::NamespaceLabels;
 
+pub use exec::ExecIpam;
+pub use in_process::InProcessIpam;
 pub use personality::handle;
 
 /// The IPAM plugin's type that this executable implements.
 pub const CALICO_IPAM: &str = "calico-ipam";
 
+/// An IPAM call started early (an exec'd plugin's start-up then overlaps
+/// other work); the plugin acts on nothing until it is given its config.
+/// In process there is nothing to start.
+pub struct Pending(Option<Running>);
+
+impl Pending {
+    /// Nothing started: the call starts when it is made.
+    pub fn none() -> Pending {
+        Pending(None)
+    }
+}
+
+/// Whose an allocation is: a container, and its pod when the allocation
+/// records one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub container_id: String,
+    pub pod: Option<(String, String)>,
+}
+
+/// The addresses of one network, for one call.
+#[async_trait::async_trait]
+pub trait Ipam: Send + Sync {
+    /// The configured IPAM type (`host-local`, `calico-ipam`, ...).
+    fn kind(&self) -> &str;
+
+    /// Starts `command` now; [`Ipam::add`] and [`Ipam::del`] finish it.
+    async fn start(&self, command: Command) -> Result<Pending>;
+
+    /// ADD with `config`, on what `pending` started.
+    async fn add(&self, config: &Value, pending: Pending) -> Result<CniResult>;
+
+    /// ADD of exactly `ip` (`IP=<ip>` in CNI_ARGS).
+    async fn add_ip(&self, config: &Value, ip: IpAddr) -> Result<CniResult>;
+
+    /// DEL with `config`, on what `pending` started: releases what this
+    /// container holds.
+    async fn del(&self, config: &Value, pending: Pending) -> Result<()>;
+
+    async fn check(&self, config: &Value) -> Result<()>;
+
+    /// STATUS (spec 1.1.0): can the IPAM serve an ADD?
+    async fn status(&self, config: &Value) -> Result<()>;
+
+    /// GC (spec 1.1.0) with the valid attachments (`None`: no list given,
+    /// nothing is collected).
+    async fn gc(&self, config: &Value, valid: Option<&[Attachment]>) -> Result<()>;
+
+    /// Releases `ips` whoever holds them (a re-created pod's `ipAddrs`).
+    async fn release_ips(&self, ips: &[IpAddr]) -> Result<()>;
+
+    /// The owners of this network's allocations on this node, or `None`
+    /// when this IPAM keeps no record they can be read from.
+    async fn owners(&self) -> Result<Option<Vec<Owner>>>;
+
+    /// The same IPAM with its work bound to `deadline` (a cleanup budget).
+    fn until(&self, deadline: Instant) -> Arc<dyn Ipam>;
+}
+
+/// What the IPAM of one call is opened with besides the request.
+#[derive(Clone)]
+pub struct Setup {
+    /// The node this plugin runs on.
+    pub host: String,
+    /// The call's datastore once it is opened (an exec'd calico-ipam
+    /// releases addresses directly on it).
+    pub store: Arc<OnceCell<Arc<dyn Store>>>,
+    /// Where namespace labels are read, when the datastore can.
+    pub namespaces: Option<Arc<dyn NamespaceLabels>>,
+    /// The workload namespace's labels, once the caller has read them.
+    pub namespace_labels: Arc<OnceLock<BTreeMap<String, String>>>,
+}
+
+/// The IPAM of `req` bounded by `deadline`: calico-ipam in this process
+/// when it is this executable (`store` must be open), else the plugin
+/// exec'd.
+pub fn open(req: &Request, setup: Setup, deadline: Instant) -> Result<Arc<dyn Ipam>> {
+    if runs_in_process(&req.conf, &req.env.path) {
+        let store = setup.store.get().cloned().ok_or_else(|| {
+            crate::cni::Error::Internal("calico-ipam in process needs the datastore".into())
+        })?;
+        return Ok(Arc::new(InProcessIpam::new(req, store, setup, deadline)));
+    }
+    Ok(Arc::new(ExecIpam::new(
+        delegate(req, deadline),
+        req.conf.name.clone(),
+        setup,
+    )))
+}
+
 /// The IPAM plugin of this request, bounded by `deadline`.
-pub fn delegate(req: &Request, deadline: Instant) -> Delegate<'_> {
+pub fn delegate(req: &Request, deadline: Instant) -> Delegate {
     Delegate {
-        plugin: &req.conf.ipam.kind,
-        path: &req.env.path,
-        env: &req.env.vars,
+        plugin: req.conf.ipam.kind.clone(),
+        path: req.env.path.clone().into(),
+        env: Arc::new(req.env.vars.clone()),
         extra_args: None,
         deadline,
     }
@@ -47,7 +145,7 @@ pub fn delegate(req: &Request, deadline: Instant) -> Delegate<'_> {
 /// rollback of a failed ADD) or to check it (CHECK): the request's own,
 /// with host-local's `usePodCidr` placeholders made valid without the
 /// Node's pod CIDRs (see [`host_local::release_pod_cidrs`]).
-pub fn release_config(req: &Request) -> serde_json::Value {
+pub fn release_config(req: &Request) -> Value {
     let mut config = req.raw.clone();
     if req.conf.ipam.kind == "host-local" {
         host_local::release_pod_cidrs(&mut config);
@@ -77,142 +175,4 @@ pub fn runs_in_process(conf: &NetConf, path: &[PathBuf]) -> bool {
         return false;
     };
     same_executable(&found, &me)
-}
-
-/// calico-ipam in this process: what it needs besides the request.
-pub struct InProcess<'a> {
-    pub req: &'a Request,
-    /// The datastore, its requests bound to the driver's deadline.
-    pub store: std::sync::Arc<dyn Store>,
-    pub kdd: Option<&'a KubernetesStore>,
-    pub host: String,
-    /// The workload namespace's labels, once the caller has read them.
-    pub namespace_labels: &'a OnceLock<BTreeMap<String, String>>,
-}
-
-/// The IPAM of one call: the plugin exec'd, or calico-ipam in process.
-pub struct Driver<'a> {
-    pub exec: Delegate<'a>,
-    pub in_process: Option<InProcess<'a>>,
-}
-
-/// An IPAM ADD under way: the plugin's process, started early so that its
-/// start-up overlaps other work (nothing to start in process).
-pub enum Started<'a> {
-    Process(Box<Running<'a>>),
-    InProcess,
-}
-
-impl<'a> Driver<'a> {
-    /// Starts `command` (the plugin reads its config when given it).
-    pub async fn start(&self, command: Command) -> Result<Started<'_>> {
-        match self.in_process {
-            Some(_) => Ok(Started::InProcess),
-            None => Ok(Started::Process(Box::new(self.exec.spawn(command).await?))),
-        }
-    }
-
-    /// The in-process call for `command` on `config` (an explicit address
-    /// as `IP=`).
-    fn call_for(
-        local: &InProcess<'_>,
-        command: Command,
-        config: &Value,
-        ip: Option<IpAddr>,
-        deadline: Instant,
-    ) -> Result<Request> {
-        let mut env = local.req.env.clone();
-        env.command = command;
-        if ip.is_some() {
-            env.args.ip = ip;
-        }
-        Ok(Request {
-            env,
-            raw: config.clone(),
-            conf: NetConf::from_value(config)?,
-            version: Version::from_config(config.get("cniVersion").and_then(Value::as_str))?,
-            deadline,
-        })
-    }
-
-    async fn in_process_verb(
-        &self,
-        local: &InProcess<'_>,
-        command: Command,
-        config: &Value,
-        ip: Option<IpAddr>,
-    ) -> Result<Option<CniResult>> {
-        use calico::verbs;
-        let req = Self::call_for(local, command, config, ip, self.exec.deadline)?;
-        tracing::debug!(verb = command.as_str(), "calico-ipam in process");
-        let call = verbs::Call {
-            req: &req,
-            store: local.store.as_ref(),
-            kdd: local.kdd,
-            host: &local.host,
-            namespace_labels: local.namespace_labels.get(),
-            deadline: self.exec.deadline,
-        };
-        match command {
-            Command::Add => verbs::add(&call).await.map(Some),
-            Command::Del => verbs::del(&call).await.map(|()| None),
-            Command::Check => verbs::check(&call).await.map(|()| None),
-            Command::Status => verbs::status(&call).await.map(|()| None),
-            Command::Gc => verbs::gc(&call).await.map(|()| None),
-            Command::Version => Ok(None),
-        }
-    }
-
-    /// ADD, on `started` if it was started early.
-    pub async fn add_on(&self, config: &Value, started: Option<Started<'_>>) -> Result<CniResult> {
-        match (&self.in_process, started) {
-            (Some(local), _) => Ok(self
-                .in_process_verb(local, Command::Add, config, None)
-                .await?
-                .unwrap_or_default()),
-            (None, Some(Started::Process(running))) => {
-                self.exec.add_on(config, Some(*running)).await
-            }
-            (None, _) => self.exec.add(config).await,
-        }
-    }
-
-    /// ADD of exactly `ip` (`IP=<ip>` in CNI_ARGS).
-    pub async fn add_ip(&self, config: &Value, ip: IpAddr) -> Result<CniResult> {
-        match &self.in_process {
-            Some(local) => Ok(self
-                .in_process_verb(local, Command::Add, config, Some(ip))
-                .await?
-                .unwrap_or_default()),
-            None => {
-                let one = Delegate {
-                    extra_args: Some(format!("IP={ip}")),
-                    ..self.exec.clone()
-                };
-                one.add(config).await
-            }
-        }
-    }
-
-    /// DEL or CHECK: only success matters.
-    pub async fn run(&self, command: Command, config: &Value) -> Result<()> {
-        match &self.in_process {
-            Some(local) => self
-                .in_process_verb(local, command, config, None)
-                .await
-                .map(|_| ()),
-            None => self.exec.run(command, config).await,
-        }
-    }
-
-    /// STATUS or GC (spec 1.1.0 verbs).
-    pub async fn run_v11_verb(&self, command: Command, config: &Value) -> Result<()> {
-        match &self.in_process {
-            Some(local) => self
-                .in_process_verb(local, command, config, None)
-                .await
-                .map(|_| ()),
-            None => self.exec.run_v11_verb(command, config).await,
-        }
-    }
 }

@@ -17,24 +17,23 @@ pub async fn handle(req: Request) -> Result<Option<CniResult>> {
         .get("FELIX_INTERFACEPREFIX")
         .filter(|p| !p.is_empty())
         .cloned();
-    let opened = open(&req.conf, req.deadline, prefix, || async {
+    let opened = open(&req.conf, &req.env.vars, req.deadline, prefix, || async {
         Ok(K8sClient::new(&req.conf.k8s_config(), req.deadline).await?)
     })
     .await?;
     let call = Call {
-        req: &req,
-        store: opened.store.as_ref(),
-        kdd: opened.kdd.as_deref(),
-        host: &host,
+        store: opened.store,
+        namespaces: opened.namespaces,
+        host,
         namespace_labels: None,
         deadline: req.deadline,
     };
     match req.env.command {
-        Command::Add => verbs::add(&call).await.map(Some),
-        Command::Del => verbs::del(&call).await.map(|()| None),
-        Command::Check => verbs::check(&call).await.map(|()| None),
+        Command::Add => verbs::add(&call, &req).await.map(Some),
+        Command::Del => verbs::del(&call, &req).await.map(|()| None),
+        Command::Check => verbs::check(&call, &req).await.map(|()| None),
         Command::Status => verbs::status(&call).await.map(|()| None),
-        Command::Gc => verbs::gc(&call).await.map(|()| None),
+        Command::Gc => verbs::gc(&call, &req).await.map(|()| None),
         Command::Version => unreachable!("answered at the edge"),
     }
 }

@@ -72,12 +72,17 @@ struct Credentials {
     token_source: String,
 }
 
-/// A Kubernetes client bound to one invocation's deadline.
+/// A Kubernetes client bound to one invocation's deadline. It remembers
+/// the pods it read or patched (shared by its clones), so that whoever reads
+/// a pod once in a call — the workload's ADD, the Kubernetes datastore's
+/// endpoint record — reads it once, and a write is conditional on the
+/// revision that was read.
 #[derive(Clone)]
 pub struct K8sClient {
     client: kube::Client,
     credentials: Credentials,
     deadline: Instant,
+    pods: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(String, String), Pod>>>,
 }
 
 /// `https://host:6443/api/v1/...` → `https://host:6443` (Calico strips the
@@ -320,7 +325,24 @@ impl K8sClient {
             client,
             credentials,
             deadline,
+            pods: Default::default(),
         })
+    }
+
+    fn remember(&self, namespace: &str, name: &str, pod: Option<&Pod>) {
+        let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (namespace.to_string(), name.to_string());
+        match pod {
+            Some(pod) => pods.insert(key, pod.clone()),
+            None => pods.remove(&key),
+        };
+    }
+
+    /// The pod as this call last read (or patched) it, if it did.
+    pub fn cached_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        pods.get(&(namespace.to_string(), name.to_string()))
+            .cloned()
     }
 
     fn describe_unauthorized(&self, status: &kube::core::Status) -> K8sError {
@@ -540,8 +562,19 @@ impl K8sClient {
             segment(name)?
         );
         let what = format!("error getting pod {namespace}/{name}");
-        self.call(&what, Self::request(http::Method::GET, &path, None, None))
-            .await
+        let pod = self
+            .call(&what, Self::request(http::Method::GET, &path, None, None))
+            .await?;
+        self.remember(namespace, name, pod.as_ref());
+        Ok(pod)
+    }
+
+    /// The pod as this call read it, else read now.
+    pub async fn pod_once(&self, namespace: &str, name: &str) -> Result<Option<Pod>, K8sError> {
+        match self.cached_pod(namespace, name) {
+            Some(pod) => Ok(Some(pod)),
+            None => self.pod(namespace, name).await,
+        }
     }
 
     pub async fn namespace(&self, name: &str) -> Result<Option<Namespace>, K8sError> {
@@ -579,7 +612,9 @@ impl K8sClient {
             Some("application/strategic-merge-patch+json"),
             Some(patch),
         );
-        self.call(&what, request).await
+        let patched: Option<Pod> = self.call(&what, request).await?;
+        self.remember(namespace, name, patched.as_ref());
+        Ok(patched)
     }
 
     /// One cluster-scoped Calico CRD object (crd.projectcalico.org/v1), as JSON.

@@ -1,20 +1,20 @@
-//! CHECK: everything ADD made, verified against prevResult.
+//! CHECK: everything ADD made, verified against prevResult — the
+//! interfaces, addresses and routes (the dataplane), the endpoint record,
+//! and the IPAM's own CHECK.
 
 use std::path::Path;
 
 use ipnet::IpNet;
 
-use crate::cni::env::Command;
 use crate::cni::result::CniResult;
 use crate::cni::{Error, Result};
-use crate::dataplane::MacAddr;
-use crate::dataplane::linux::{Networking, PodNetwork};
 use crate::dataplane::routes::{container_routes_for, host_prefix};
-use crate::datastore::model::WorkloadEndpoint;
+use crate::dataplane::{MacAddr, Networking};
 use crate::plugin::context::{Context, datastore_err};
+use crate::plugin::workload::Workload;
 
 /// cmdCheck.
-pub async fn cmd_check(ctx: &Context) -> Result<()> {
+pub async fn cmd_check(ctx: &Context, workload: &dyn Workload) -> Result<()> {
     let req = &ctx.req;
     let prev = req
         .conf
@@ -55,17 +55,10 @@ pub async fn cmd_check(ctx: &Context) -> Result<()> {
         .find(|i| i.sandbox.as_deref().unwrap_or("").is_empty())
         .map(|i| i.name.clone())
         .unwrap_or_else(|| ctx.host_veth.clone());
-    // The routes ADD made: Kubernetes pods with host-local get its
-    // `ipam.routes` (plain CNI always gets the defaults).
-    let wanted_routes = if req.env.args.k8s_pod().is_some() {
-        crate::plugin::add_k8s::pod_routes(ctx)?
-    } else {
-        Vec::new()
-    };
     let expected = Networking {
         ifname: req.env.ifname.clone(),
         host_veth,
-        routes: container_routes_for(wanted_routes, &ips),
+        routes: container_routes_for(workload.container_routes(ctx)?, &ips),
         ips: ips.clone(),
         mtu: 0,
         queues: 1,
@@ -74,16 +67,17 @@ pub async fn cmd_check(ctx: &Context) -> Result<()> {
         skip_host_routes: false,
         deadline: ctx.deadline(),
     };
-    let pod = PodNetwork::open(Path::new(&req.env.netns))?
-        .ok_or_else(|| Error::Dataplane(format!("netns {} does not exist", req.env.netns)))?;
-    pod.check(&expected, expected_mac).await?;
+    ctx.dataplane()
+        .check(Path::new(&req.env.netns), &expected, expected_mac)
+        .await?;
 
     // The endpoint record.
-    let store = ctx.store().await?;
     ctx.ensure_ready().await?;
     let name = ctx.endpoint_name()?;
-    let wep = store
-        .get::<WorkloadEndpoint>(&ctx.namespace, &name)
+    let wep = ctx
+        .endpoints()
+        .await?
+        .get(&ctx.namespace, &name)
         .await
         .map_err(datastore_err("error getting WorkloadEndpoint"))?
         .ok_or_else(|| Error::Datastore(format!("WorkloadEndpoint {name} does not exist")))?;
@@ -103,5 +97,5 @@ pub async fn cmd_check(ctx: &Context) -> Result<()> {
     // host-local's placeholders made valid, as for DEL: it checks by
     // container ID, not by range.
     let config = crate::ipam::release_config(req);
-    ctx.ipam().await?.run(Command::Check, &config).await
+    ctx.ipam().await?.check(&config).await
 }

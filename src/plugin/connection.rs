@@ -3,6 +3,7 @@
 //! `datastoreReady: true` and, when a kubeconfig is configured, the API
 //! server must answer `/version`; each within [`PROBE_TIMEOUT`].
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -14,11 +15,12 @@ use crate::k8s::K8sClient;
 /// How long each probe may take, as in Calico.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Probes the datastore `conf` names.
-pub async fn test_connection(conf: &NetConf) -> Result<()> {
+/// Probes the datastore `conf` names (`vars`: the process's variables,
+/// where etcd settings the config leaves out are read).
+pub async fn test_connection(conf: &NetConf, vars: &HashMap<String, String>) -> Result<()> {
     let deadline = Instant::now() + PROBE_TIMEOUT;
     let k8s = conf.k8s_config();
-    let opened = open(conf, deadline, None, || async {
+    let opened = open(conf, vars, deadline, None, || async {
         Ok(K8sClient::new(&k8s, deadline).await?)
     })
     .await?;

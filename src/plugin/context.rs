@@ -1,9 +1,10 @@
 //! The invocation context: everything one call derives from its request,
 //! built once — the workload's identifiers, the node name, the deadline and
-//! the cleanup budget, the one Kubernetes API client, the datastore and the
-//! IPAM driver. The client and the datastore are opened on first use (a DEL
-//! must get its local teardown done even when they cannot be opened) and
-//! then shared by every step.
+//! the cleanup budget, the one Kubernetes API client, the datastore (its
+//! resource API and its endpoint records), the IPAM and the dataplane. The
+//! client, the datastore and the IPAM are opened on first use (a DEL must
+//! get its local teardown done even when the datastore cannot be opened)
+//! and then shared by every step; the dataplane's host socket likewise.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -12,12 +13,12 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::cni::delegate::Delegate;
 use crate::cni::{Error, Request, Result};
-use crate::datastore::kubernetes::KubernetesStore;
+use crate::dataplane::Dataplane;
+use crate::datastore::endpoints::{Endpoints, NamespaceLabels};
 use crate::datastore::names::{WepIdentifiers, veth_name_for_container, veth_name_for_workload};
 use crate::datastore::{DatastoreError, Store};
-use crate::ipam::{Driver, InProcess};
+use crate::ipam::Ipam;
 use crate::k8s::K8sClient;
 
 /// How long cleanup may take after the deadline it follows: the rollback
@@ -25,7 +26,14 @@ use crate::k8s::K8sClient;
 /// release), are never starved by a deadline already spent.
 pub const CLEANUP_GRACE: Duration = Duration::from_secs(5);
 
-pub use crate::datastore::open::{DatastoreKind, datastore_kind};
+pub use crate::datastore::Backend;
+pub use crate::datastore::open::datastore_kind;
+
+/// The datastore of a call, once opened.
+struct Datastore {
+    endpoints: Arc<dyn Endpoints>,
+    namespaces: Option<Arc<dyn NamespaceLabels>>,
+}
 
 /// One invocation.
 pub struct Context {
@@ -40,16 +48,23 @@ pub struct Context {
     pub host_veth: String,
     /// FELIX_INTERFACEPREFIX.
     pub interface_prefix: Option<String>,
+    dataplane: Arc<dyn Dataplane>,
     client: OnceCell<K8sClient>,
-    store: OnceCell<Arc<dyn Store>>,
-    kdd: OnceCell<Arc<KubernetesStore>>,
-    /// calico-ipam is this executable: it runs in process.
-    ipam_in_process: bool,
-    namespace_labels: OnceLock<BTreeMap<String, String>>,
+    /// Shared with the IPAM, which may need the store once it is open.
+    store: Arc<OnceCell<Arc<dyn Store>>>,
+    datastore: OnceCell<Datastore>,
+    ipam: OnceCell<Arc<dyn Ipam>>,
+    namespace_labels: Arc<OnceLock<BTreeMap<String, String>>>,
 }
 
 impl Context {
+    /// The context of `req` on this kernel's dataplane.
     pub fn new(req: Request) -> Context {
+        Context::with_dataplane(req, crate::dataplane::open())
+    }
+
+    /// The context of `req` on `dataplane` (tests: a recording fake).
+    pub fn with_dataplane(req: Request, dataplane: Arc<dyn Dataplane>) -> Context {
         let node = req.conf.determine_nodename(|| {
             nix::unistd::gethostname()
                 .ok()
@@ -87,20 +102,37 @@ impl Context {
             pod,
             container_id: req.env.container_id.clone(),
         };
-        let ipam_in_process = crate::ipam::runs_in_process(&req.conf, &req.env.path);
         Context {
-            ipam_in_process,
-            namespace_labels: OnceLock::new(),
             req,
             node,
             ids,
             namespace,
             host_veth,
             interface_prefix,
+            dataplane,
             client: OnceCell::new(),
-            store: OnceCell::new(),
-            kdd: OnceCell::new(),
+            store: Arc::new(OnceCell::new()),
+            datastore: OnceCell::new(),
+            ipam: OnceCell::new(),
+            namespace_labels: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// This call's IPAM is `ipam` (tests: a recording fake).
+    pub fn with_ipam(self, ipam: Arc<dyn Ipam>) -> Context {
+        let _ = self.ipam.set(ipam);
+        self
+    }
+
+    /// This call's datastore is `store`, its endpoint records `endpoints`
+    /// (tests: a recording wrapper).
+    pub fn with_datastore(self, store: Arc<dyn Store>, endpoints: Arc<dyn Endpoints>) -> Context {
+        let _ = self.store.set(store);
+        let _ = self.datastore.set(Datastore {
+            endpoints,
+            namespaces: None,
+        });
+        self
     }
 
     pub fn deadline(&self) -> Instant {
@@ -125,6 +157,11 @@ impl Context {
         })
     }
 
+    /// The pod's network.
+    pub fn dataplane(&self) -> &dyn Dataplane {
+        self.dataplane.as_ref()
+    }
+
     /// The one Kubernetes API client of this call.
     pub async fn k8s(&self) -> Result<&K8sClient> {
         self.client
@@ -134,28 +171,35 @@ impl Context {
             .await
     }
 
-    /// The datastore the config names, opened once.
-    pub async fn store(&self) -> Result<&Arc<dyn Store>> {
-        self.store
+    async fn datastore(&self) -> Result<&Datastore> {
+        self.datastore
             .get_or_try_init(|| async {
                 let opened = crate::datastore::open::open(
                     &self.req.conf,
+                    &self.req.env.vars,
                     self.deadline(),
                     self.interface_prefix.clone(),
                     || async { Ok(self.k8s().await?.clone()) },
                 )
                 .await?;
-                if let Some(kdd) = opened.kdd {
-                    let _ = self.kdd.set(kdd);
-                }
-                Ok(opened.store)
+                let _ = self.store.set(opened.store);
+                Ok::<_, Error>(Datastore {
+                    endpoints: opened.endpoints,
+                    namespaces: opened.namespaces,
+                })
             })
             .await
     }
 
-    /// The Kubernetes datastore, when it is the one opened.
-    pub fn kdd(&self) -> Option<&KubernetesStore> {
-        self.kdd.get().map(Arc::as_ref)
+    /// The datastore the config names, opened once.
+    pub async fn store(&self) -> Result<&Arc<dyn Store>> {
+        self.datastore().await?;
+        Ok(self.store.get().expect("set when the datastore opened"))
+    }
+
+    /// Where the datastore keeps the endpoint records.
+    pub async fn endpoints(&self) -> Result<&dyn Endpoints> {
+        Ok(self.datastore().await?.endpoints.as_ref())
     }
 
     /// The ClusterInformation readiness gate.
@@ -169,45 +213,32 @@ impl Context {
         }
     }
 
-    /// The IPAM of this call, bounded by its deadline.
-    pub async fn ipam(&self) -> Result<Driver<'_>> {
-        self.ipam_until(self.deadline()).await
+    /// The IPAM of this call, bounded by its deadline: calico-ipam in
+    /// process (on this call's datastore) when it is this executable, else
+    /// the plugin exec'd (which needs no datastore).
+    pub async fn ipam(&self) -> Result<&Arc<dyn Ipam>> {
+        self.ipam
+            .get_or_try_init(|| async {
+                let namespaces = if crate::ipam::runs_in_process(&self.req.conf, &self.req.env.path)
+                {
+                    self.datastore().await?.namespaces.clone()
+                } else {
+                    self.datastore.get().and_then(|d| d.namespaces.clone())
+                };
+                let setup = crate::ipam::Setup {
+                    host: self.node.clone(),
+                    store: Arc::clone(&self.store),
+                    namespaces,
+                    namespace_labels: Arc::clone(&self.namespace_labels),
+                };
+                crate::ipam::open(&self.req, setup, self.deadline())
+            })
+            .await
     }
 
     /// The IPAM for cleanup that starts now (its own grace budget).
-    pub async fn ipam_for_cleanup(&self) -> Result<Driver<'_>> {
-        self.ipam_until(self.cleanup_deadline()).await
-    }
-
-    /// The IPAM plugin to exec, bounded by `deadline`; `None` when
-    /// calico-ipam runs in process. Needs no datastore.
-    pub fn ipam_exec_until(&self, deadline: Instant) -> Option<Delegate<'_>> {
-        (!self.ipam_in_process).then(|| crate::ipam::delegate(&self.req, deadline))
-    }
-
-    /// The IPAM bounded by `deadline`: calico-ipam in process (on this
-    /// call's datastore) when it is this executable, else the plugin exec'd.
-    pub async fn ipam_until(&self, deadline: Instant) -> Result<Driver<'_>> {
-        let exec = crate::ipam::delegate(&self.req, deadline);
-        let in_process = if self.ipam_in_process {
-            let store = self.store().await?;
-            // A later deadline (cleanup) needs the store's requests bound
-            // to it: the call's own may be what has just passed.
-            let store = match deadline > self.deadline() {
-                true => store.until(deadline).unwrap_or_else(|| store.clone()),
-                false => store.clone(),
-            };
-            Some(InProcess {
-                req: &self.req,
-                store,
-                kdd: self.kdd(),
-                host: self.node.clone(),
-                namespace_labels: &self.namespace_labels,
-            })
-        } else {
-            None
-        };
-        Ok(Driver { exec, in_process })
+    pub async fn ipam_for_cleanup(&self) -> Result<Arc<dyn Ipam>> {
+        Ok(self.ipam().await?.until(self.cleanup_deadline()))
     }
 
     /// Records the workload namespace's labels (read by the Kubernetes

@@ -1,8 +1,9 @@
 //! The durable release queue (field-problems: addresses leaked and pods
-//! stuck in Terminating when DEL meets a down datastore). A DEL whose
-//! local teardown completed but whose datastore part (IPAM release,
-//! endpoint delete) failed records what it owes in the [`Journal`] and
-//! still fails with a retryable error, as before. A replay is the DEL of
+//! stuck in Terminating when DEL meets a down datastore). It wraps the
+//! verbs from the dispatcher: a DEL whose local teardown completed but whose
+//! datastore part (IPAM release, endpoint delete) failed is recorded after
+//! it ([`account`]) in the [`Journal`] and still fails with a retryable
+//! error. A replay is the DEL of
 //! that attachment again, with no netns (its interface is gone), so it
 //! releases exactly what that DEL releases — the handle of that container
 //! ID, the record guarded by that container ID — and never an address or
@@ -103,11 +104,10 @@ fn give_up(owed: &Owed, e: &Error) -> Option<String> {
     None
 }
 
-/// Runs the DEL of `ctx` and accounts for it in the queue: done, its entry
-/// (when `queued`: the queue holds one) goes; failed (for a reason a later
-/// attempt may not meet), what it owes is recorded.
-pub async fn del_and_account(ctx: &Context, queued: bool) -> Result<()> {
-    let result = crate::plugin::cmd_del(ctx).await;
+/// Accounts for the DEL of `ctx` that ended with `result`: done, its
+/// entry (when `queued`: the queue holds one) goes; failed (for a reason a
+/// later attempt may not meet), what it owes is recorded.
+pub async fn account(ctx: &Context, queued: bool, result: &Result<()>) {
     let req = &ctx.req;
     let j = journal(&req.conf);
     let (network, cid, ifname) = (
@@ -115,7 +115,7 @@ pub async fn del_and_account(ctx: &Context, queued: bool) -> Result<()> {
         req.env.container_id.clone(),
         req.env.ifname.clone(),
     );
-    match &result {
+    match result {
         Ok(()) if queued => {
             blocking(move || j.remove(&network, &cid, &ifname)).await;
         }
@@ -149,7 +149,6 @@ pub async fn del_and_account(ctx: &Context, queued: bool) -> Result<()> {
         }
         Err(_) => {}
     }
-    result
 }
 
 /// The DEL request of an entry: its config and CNI variables, no netns,
@@ -188,7 +187,12 @@ pub async fn replay(j: &Journal, mut owed: Owed, deadline: Instant) -> Replayed 
     let outcome = match del_request(&owed, deadline) {
         Ok(request) => {
             let queued = Context::new(request);
-            match tokio::time::timeout_at(deadline, Box::pin(crate::plugin::cmd_del(&queued))).await
+            let workload = crate::plugin::workload::of(&queued);
+            match tokio::time::timeout_at(
+                deadline,
+                Box::pin(crate::plugin::cmd_del(&queued, workload)),
+            )
+            .await
             {
                 Ok(result) => result,
                 Err(_) => Err(Error::TryAgainLater(

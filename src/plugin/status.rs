@@ -1,11 +1,10 @@
-//! STATUS (spec 1.1.0).
+//! STATUS (spec 1.1.0): whether this network can serve an ADD now.
 
-use crate::cni::env::Command;
 use crate::cni::{Error, Result};
 use crate::plugin::context::Context;
 
-/// STATUS: ready when the datastore answers and is ready, and the IPAM
-/// plugin's STATUS passes; code 50 with the reason otherwise.
+/// STATUS: ready when the datastore answers and is ready, and the IPAM's
+/// STATUS passes; code 50 with the reason otherwise.
 pub async fn cmd_status(ctx: &Context) -> Result<()> {
     let req = &ctx.req;
     let not_available = |e: Error| Error::NotAvailable(e.to_string());
@@ -13,7 +12,7 @@ pub async fn cmd_status(ctx: &Context) -> Result<()> {
     ctx.ipam()
         .await
         .map_err(not_available)?
-        .run_v11_verb(Command::Status, &req.raw)
+        .status(&req.raw)
         .await
         .map_err(|e| {
             Error::NotAvailable(format!(

@@ -260,12 +260,8 @@ impl Store for EtcdStore {
         Ok(names)
     }
 
-    fn handle_name(&self, handle_id: &str) -> String {
-        handle_id.to_string()
-    }
-
-    fn affinity_name(&self, node: &str, cidr: &ipnet::IpNet) -> String {
-        codec::affinity_name(node, cidr)
+    fn backend(&self) -> super::Backend {
+        super::Backend::Etcd
     }
 
     fn until(&self, deadline: Instant) -> Option<std::sync::Arc<dyn Store>> {

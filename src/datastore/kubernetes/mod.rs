@@ -1,5 +1,7 @@
 //! The Kubernetes datastore (KDD). WorkloadEndpoints are not stored objects
-//! but views of Pods ([`endpoint`]): a lookup is one pod GET; a write is a
+//! but views of Pods ([`endpoint`]), so their records are this backend's
+//! [`Endpoints`] rather than the resource API's: a lookup is one pod GET
+//! (none when the call has read the pod already); a write is a
 //! strategic-merge PATCH of the pod's `status` subresource carrying the
 //! `cni.projectcalico.org/podIP`, `podIPs` and `containerID` annotations and
 //! the pod's resourceVersion as read (so a concurrent writer makes it 409);
@@ -11,8 +13,7 @@
 
 pub mod endpoint;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
@@ -20,25 +21,24 @@ use self::endpoint::{
     ANNOTATION_CONTAINER_ID, ANNOTATION_POD_IP, ANNOTATION_POD_IPS, endpoint_for_pod,
     pod_ip_annotations, pod_ip_networks,
 };
+use super::endpoints::{Endpoints, NamespaceLabels};
 use super::ipam_model::Node;
 use super::model::{API_VERSION, Profile, WorkloadEndpoint};
 use super::names::WepIdentifiers;
-use super::{DatastoreError, Kind, ListFilter, Precondition, Resource, Store, meta_field};
+use super::{Backend, DatastoreError, Kind, ListFilter, Precondition, Resource, Store, meta_field};
 use crate::k8s::client::{CALICO_CRD_GROUP, CALICO_CRD_VERSION, K8sClient, K8sError, segment};
 use crate::k8s::objects::Pod;
 
 /// Attempts at a conditional create that keeps meeting concurrent writers.
 const CREATE_ATTEMPTS: usize = 3;
 
-/// The Kubernetes datastore of one invocation. It remembers the pods it
-/// has read, so that a caller reads each pod once and a write is
+/// The Kubernetes datastore of one invocation. Its client remembers the
+/// pods the call has read, so that each pod is read once and a write is
 /// conditional on the revision that was read.
 pub struct KubernetesStore {
     client: K8sClient,
     /// FELIX_INTERFACEPREFIX, for host veth names.
     interface_prefix: Option<String>,
-    /// Pods read by this invocation, by (namespace, name).
-    pods: Mutex<HashMap<(String, String), Pod>>,
 }
 
 impl From<K8sError> for DatastoreError {
@@ -75,31 +75,12 @@ impl KubernetesStore {
         KubernetesStore {
             client,
             interface_prefix,
-            pods: Mutex::new(HashMap::new()),
         }
     }
 
-    fn remember(&self, namespace: &str, name: &str, pod: Option<&Pod>) {
-        let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (namespace.to_string(), name.to_string());
-        match pod {
-            Some(pod) => pods.insert(key, pod.clone()),
-            None => pods.remove(&key),
-        };
-    }
-
-    /// The pod as last read by this invocation, if it was.
-    pub fn read_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
-        let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
-        pods.get(&(namespace.to_string(), name.to_string()))
-            .cloned()
-    }
-
-    /// GETs the pod (and remembers it).
+    /// GETs the pod (the client remembers it).
     pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, DatastoreError> {
-        let pod = self.client.pod(namespace, name).await?;
-        self.remember(namespace, name, pod.as_ref());
-        Ok(pod)
+        Ok(self.client.pod(namespace, name).await?)
     }
 
     /// The WorkloadEndpoint a pod stands for, with `endpoint` as its
@@ -137,10 +118,7 @@ impl KubernetesStore {
 
     async fn patch(&self, namespace: &str, pod: &str, body: Value) -> Result<Pod, DatastoreError> {
         match self.client.patch_pod_status(namespace, pod, &body).await {
-            Ok(Some(patched)) => {
-                self.remember(namespace, pod, Some(&patched));
-                Ok(patched)
-            }
+            Ok(Some(patched)) => Ok(patched),
             Ok(None) => Err(DatastoreError::NotFound(format!("Pod({namespace}/{pod})"))),
             Err(e) => Err(e.into()),
         }
@@ -172,7 +150,7 @@ impl KubernetesStore {
         let ids = Self::pod_of(&wep.metadata.name)?;
         let namespace = wep.metadata.namespace.clone();
         for attempt in 1..=CREATE_ATTEMPTS {
-            let pod = match self.read_pod(&namespace, &ids.pod) {
+            let pod = match self.client.cached_pod(&namespace, &ids.pod) {
                 Some(pod) if attempt == 1 => pod,
                 _ => self.pod(&namespace, &ids.pod).await?.ok_or_else(|| {
                     DatastoreError::NotFound(format!("Pod({namespace}/{})", ids.pod))
@@ -197,42 +175,20 @@ impl KubernetesStore {
         unreachable!("the last attempt returns")
     }
 
+    /// The record as the pod is now (a fresh GET: a caller that retries
+    /// after a conflict must see the new revision).
     async fn get_endpoint(
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<Value>, DatastoreError> {
+    ) -> Result<Option<WorkloadEndpoint>, DatastoreError> {
         let ids = Self::pod_of(name)?;
-        let Some(pod) = self.pod(namespace, &ids.pod).await? else {
+        let Some(pod) = self.client.pod(namespace, &ids.pod).await? else {
             return Ok(None);
         };
-        self.endpoint_of(&pod, &ids.endpoint)
-            .filter(|w| w.metadata.name == name)
-            .map(|w| serde_json::to_value(w).map_err(malformed))
-            .transpose()
-    }
-
-    /// A single pod GET (the "force get" of Calico's KDD lookup): the pod's
-    /// endpoint if its name starts with the prefix.
-    async fn list_endpoints(
-        &self,
-        namespace: &str,
-        filter: &ListFilter,
-    ) -> Result<Vec<Value>, DatastoreError> {
-        let ListFilter::NamePrefix(prefix) = filter else {
-            return Err(DatastoreError::Other(
-                "the Kubernetes datastore lists WorkloadEndpoints by name prefix only".into(),
-            ));
-        };
-        let ids = Self::pod_of(prefix)?;
-        let Some(pod) = self.pod(namespace, &ids.pod).await? else {
-            return Ok(Vec::new());
-        };
-        self.endpoint_of(&pod, "eth0")
-            .filter(|w| w.metadata.name.starts_with(prefix.as_str()))
-            .map(|w| serde_json::to_value(w).map_err(malformed))
-            .into_iter()
-            .collect()
+        Ok(self
+            .endpoint_of(&pod, &ids.endpoint)
+            .filter(|w| w.metadata.name == name))
     }
 
     async fn delete_endpoint(
@@ -278,17 +234,6 @@ impl KubernetesStore {
         })))
     }
 
-    /// The labels of a namespace (pool namespaceSelectors match them).
-    pub async fn namespace_labels(
-        &self,
-        namespace: &str,
-    ) -> Result<BTreeMap<String, String>, DatastoreError> {
-        match self.client.namespace(namespace).await? {
-            Some(ns) => Ok(ns.metadata.labels.unwrap_or_default().into_iter().collect()),
-            None => Err(DatastoreError::NotFound(format!("Namespace({namespace})"))),
-        }
-    }
-
     fn crd_path(kind: &Kind, namespace: &str, name: &str) -> Result<String, DatastoreError> {
         Ok(kind.crd_path(Self::scope(kind, namespace)?, segment(name)?))
     }
@@ -319,7 +264,7 @@ impl Store for KubernetesStore {
         name: &str,
     ) -> Result<Option<Value>, DatastoreError> {
         if kind.name == WorkloadEndpoint::KIND.name {
-            return self.get_endpoint(namespace, name).await;
+            return Err(records_elsewhere());
         }
         if kind.name == Profile::KIND.name {
             return Ok(None);
@@ -339,7 +284,7 @@ impl Store for KubernetesStore {
         filter: &ListFilter,
     ) -> Result<Vec<Value>, DatastoreError> {
         if kind.name == WorkloadEndpoint::KIND.name {
-            return self.list_endpoints(namespace, filter).await;
+            return Err(records_elsewhere());
         }
         if kind.name == Profile::KIND.name {
             return Ok(Vec::new());
@@ -381,9 +326,7 @@ impl Store for KubernetesStore {
         object: Value,
     ) -> Result<Value, DatastoreError> {
         if kind.name == WorkloadEndpoint::KIND.name {
-            return self
-                .create_endpoint(serde_json::from_value(object).map_err(malformed)?)
-                .await;
+            return Err(records_elsewhere());
         }
         if kind.name == Profile::KIND.name {
             return Err(read_only(kind));
@@ -407,14 +350,7 @@ impl Store for KubernetesStore {
         object: Value,
     ) -> Result<Value, DatastoreError> {
         if kind.name == WorkloadEndpoint::KIND.name {
-            let wep: WorkloadEndpoint = serde_json::from_value(object).map_err(malformed)?;
-            let read_at = wep.metadata.resource_version.clone();
-            if read_at.is_empty() {
-                return Err(DatastoreError::Other(
-                    "metadata.resourceVersion is required to update a WorkloadEndpoint".into(),
-                ));
-            }
-            return self.write_endpoint(&wep, &read_at).await;
+            return Err(records_elsewhere());
         }
         if kind.name == Profile::KIND.name {
             return Err(read_only(kind));
@@ -447,7 +383,7 @@ impl Store for KubernetesStore {
         precondition: &Precondition,
     ) -> Result<(), DatastoreError> {
         if kind.name == WorkloadEndpoint::KIND.name {
-            return self.delete_endpoint(namespace, name, precondition).await;
+            return Err(records_elsewhere());
         }
         if kind.name == Profile::KIND.name {
             return Err(read_only(kind));
@@ -466,11 +402,100 @@ impl Store for KubernetesStore {
     }
 
     fn until(&self, deadline: tokio::time::Instant) -> Option<std::sync::Arc<dyn Store>> {
-        let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
         Some(std::sync::Arc::new(KubernetesStore {
             client: self.client.until(deadline),
             interface_prefix: self.interface_prefix.clone(),
-            pods: Mutex::new(pods),
         }))
+    }
+
+    fn backend(&self) -> Backend {
+        Backend::Kubernetes
+    }
+}
+
+/// WorkloadEndpoints are pods here: [`Endpoints`], not the resource API.
+fn records_elsewhere() -> DatastoreError {
+    DatastoreError::Other(
+        "the Kubernetes datastore keeps WorkloadEndpoints in pods (its endpoint records)".into(),
+    )
+}
+
+#[async_trait::async_trait]
+impl Endpoints for KubernetesStore {
+    async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<WorkloadEndpoint>, DatastoreError> {
+        self.get_endpoint(namespace, name).await
+    }
+
+    /// The pod's record, if it stands for one (addresses or a container
+    /// recorded): one GET, none when the call has read the pod.
+    async fn find(
+        &self,
+        namespace: &str,
+        ids: &WepIdentifiers,
+    ) -> Result<Option<WorkloadEndpoint>, DatastoreError> {
+        let prefix = ids
+            .lookup_prefix()
+            .map_err(|e| DatastoreError::Other(e.to_string()))?;
+        let pod_ids = Self::pod_of(&prefix)?;
+        let Some(pod) = self.client.pod_once(namespace, &pod_ids.pod).await? else {
+            return Ok(None);
+        };
+        Ok(self
+            .endpoint_of(&pod, "eth0")
+            .filter(|w| {
+                w.metadata.name.starts_with(&prefix)
+                    && ids.name_matches_any_interface(&w.metadata.name)
+            })
+            .filter(|w| !w.spec.ip_networks.is_empty() || !w.spec.container_id.is_empty()))
+    }
+
+    async fn create(&self, wep: &mut WorkloadEndpoint) -> Result<WorkloadEndpoint, DatastoreError> {
+        let stored = self.create_endpoint(wep.clone()).await?;
+        serde_json::from_value(stored).map_err(malformed)
+    }
+
+    async fn update(&self, wep: &mut WorkloadEndpoint) -> Result<WorkloadEndpoint, DatastoreError> {
+        let read_at = wep.metadata.resource_version.clone();
+        if read_at.is_empty() {
+            return Err(DatastoreError::Other(
+                "metadata.resourceVersion is required to update a WorkloadEndpoint".into(),
+            ));
+        }
+        let stored = self.write_endpoint(wep, &read_at).await?;
+        serde_json::from_value(stored).map_err(malformed)
+    }
+
+    async fn delete(
+        &self,
+        namespace: &str,
+        name: &str,
+        precondition: &Precondition,
+    ) -> Result<(), DatastoreError> {
+        self.delete_endpoint(namespace, name, precondition).await
+    }
+
+    async fn all(&self) -> Result<Option<Vec<WorkloadEndpoint>>, DatastoreError> {
+        Ok(None)
+    }
+
+    fn in_pods(&self) -> bool {
+        true
+    }
+}
+
+#[async_trait::async_trait]
+impl NamespaceLabels for KubernetesStore {
+    async fn namespace_labels(
+        &self,
+        namespace: &str,
+    ) -> Result<BTreeMap<String, String>, DatastoreError> {
+        match self.client.namespace(namespace).await? {
+            Some(ns) => Ok(ns.metadata.labels.unwrap_or_default().into_iter().collect()),
+            None => Err(DatastoreError::NotFound(format!("Namespace({namespace})"))),
+        }
     }
 }

@@ -31,7 +31,7 @@ use crate::datastore::ipam_model::{
     AFFINITY_CONFIRMED, AFFINITY_PENDING, ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, BlockAffinity,
     BlockAffinitySpec, IpPool, IpReservation, IpamBlock, IpamConfig, IpamConfigSpec, IpamHandle,
     IpamHandleSpec, LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels,
-    cidr_name, cidr_of_block_name, hostname_hash,
+    affinity_name_on, cidr_name, cidr_of_block_name, handle_name_on, hostname_hash,
 };
 use crate::datastore::{DatastoreError, ListFilter, Precondition, Resource, Store};
 
@@ -215,7 +215,7 @@ impl<'a> Allocator<'a> {
         cidr: &IpNet,
         n: usize,
     ) -> Result<(), IpamError> {
-        let name = self.store.handle_name(handle);
+        let name = handle_name_on(self.store.backend(), handle);
         let what = format!("error updating IPAMHandle({name})");
         for attempt in 0..CAS_ATTEMPTS {
             let current = self
@@ -263,7 +263,7 @@ impl<'a> Allocator<'a> {
         cidr: &IpNet,
         n: Option<usize>,
     ) -> Result<(), IpamError> {
-        let name = self.store.handle_name(handle);
+        let name = handle_name_on(self.store.backend(), handle);
         let what = format!("error updating IPAMHandle({name})");
         for _ in 0..CAS_ATTEMPTS {
             let Some(mut h) = self.live_handle(&name, &what).await? else {
@@ -520,7 +520,7 @@ impl<'a> Allocator<'a> {
         cidr: &IpNet,
         n: usize,
         req: &AutoAssign<'_>,
-        reserved: &dyn Fn(IpAddr) -> bool,
+        reserved: &(dyn Fn(IpAddr) -> bool + Sync),
         affine_only: bool,
     ) -> Result<Vec<IpNet>, IpamError> {
         let what = format!("error updating IPAMBlock({})", cidr_name(cidr));
@@ -618,7 +618,7 @@ impl<'a> Allocator<'a> {
     /// Claims `cidr` for this host in two phases; false when another host
     /// got the block first.
     async fn claim(&self, cidr: &IpNet) -> Result<bool, IpamError> {
-        let name = self.store.affinity_name(self.host, cidr);
+        let name = affinity_name_on(self.store.backend(), self.host, cidr);
         let mut affinity = BlockAffinity::new(
             &name,
             BlockAffinitySpec {
@@ -763,7 +763,7 @@ impl<'a> Allocator<'a> {
     /// Frees every address of `handle` and deletes it; the number freed,
     /// `None` when the handle does not exist.
     pub async fn release_by_handle(&self, handle: &str) -> Result<Option<usize>, IpamError> {
-        let name = self.store.handle_name(handle);
+        let name = handle_name_on(self.store.backend(), handle);
         let what = format!("error releasing IPAMHandle({name})");
         let mut freed = 0;
         for _ in 0..CAS_ATTEMPTS {
@@ -857,7 +857,7 @@ impl<'a> Allocator<'a> {
 
     /// The addresses `handle` holds.
     pub async fn addresses_of(&self, handle: &str) -> Result<Vec<IpAddr>, IpamError> {
-        let name = self.store.handle_name(handle);
+        let name = handle_name_on(self.store.backend(), handle);
         let Some(h) = self
             .live_handle(&name, &format!("error getting IPAMHandle({name})"))
             .await?

@@ -65,7 +65,11 @@ pub fn cidr_of(block: &IpamBlockSpec) -> Option<IpNet> {
 }
 
 /// Free ordinals that are not reserved.
-pub fn free_count(block: &IpamBlockSpec, cidr: &IpNet, reserved: &dyn Fn(IpAddr) -> bool) -> usize {
+pub fn free_count(
+    block: &IpamBlockSpec,
+    cidr: &IpNet,
+    reserved: &(dyn Fn(IpAddr) -> bool + Sync),
+) -> usize {
     block
         .unallocated
         .iter()
@@ -113,7 +117,7 @@ pub fn assign(
     n: usize,
     handle: &str,
     attrs: &BTreeMap<String, String>,
-    reserved: &dyn Fn(IpAddr) -> bool,
+    reserved: &(dyn Fn(IpAddr) -> bool + Sync),
 ) -> Vec<IpAddr> {
     let mut taken = Vec::new();
     let mut keep = Vec::with_capacity(block.unallocated.len());
@@ -264,7 +268,7 @@ mod tests {
         BTreeMap::from([("pod".to_string(), pod.to_string())])
     }
 
-    const NONE: &dyn Fn(IpAddr) -> bool = &|_| false;
+    const NONE: &(dyn Fn(IpAddr) -> bool + Sync) = &|_| false;
 
     #[test]
     fn fifo_assign_and_release() {

@@ -3,7 +3,9 @@
 //! `calico` plugin runs in process when its calico-ipam is this executable.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use ipnet::IpNet;
@@ -15,20 +17,24 @@ use super::lock;
 use super::pools::SelectorLabels;
 use crate::cni::result::{IpConfig, Route};
 use crate::cni::{CniResult, Error, Request, Result};
+use crate::datastore::endpoints::NamespaceLabels;
 use crate::datastore::ipam_model::{ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_TIMESTAMP, Node};
-use crate::datastore::kubernetes::KubernetesStore;
 use crate::datastore::names::WepIdentifiers;
 use crate::datastore::{Store, go_time_utc};
+use crate::ipam::Owner;
 
-/// One calico-ipam call: the request, the datastore, the node.
-pub struct Call<'a> {
-    pub req: &'a Request,
-    pub store: &'a dyn Store,
-    /// The Kubernetes datastore's own face, for namespace labels.
-    pub kdd: Option<&'a KubernetesStore>,
-    pub host: &'a str,
+/// Where a calico-ipam call works: the datastore, the node, and how the
+/// workload namespace's labels are known. The one context of the
+/// personality and of calico-ipam in the `calico` plugin's process; the
+/// verbs take it with the request they answer.
+#[derive(Clone)]
+pub struct Call {
+    pub store: Arc<dyn Store>,
+    /// Where namespace labels are read (the Kubernetes datastore).
+    pub namespaces: Option<Arc<dyn NamespaceLabels>>,
+    pub host: String,
     /// Namespace labels already read by the caller.
-    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    pub namespace_labels: Option<BTreeMap<String, String>>,
     /// When this call must be done.
     pub deadline: Instant,
 }
@@ -78,13 +84,14 @@ fn check_identifiers(req: &Request, host: &str) -> Result<()> {
 }
 
 struct Labels<'a> {
-    call: &'a Call<'a>,
+    call: &'a Call,
+    req: &'a Request,
 }
 
 #[async_trait::async_trait]
 impl SelectorLabels for Labels<'_> {
     async fn node_labels(&self) -> std::result::Result<BTreeMap<String, String>, IpamError> {
-        let host = self.call.host;
+        let host = self.call.host.as_str();
         match self.call.store.get::<Node>("", host).await {
             Ok(Some(node)) => Ok(node.metadata.labels),
             Ok(None) => Err(IpamError::NoPools(format!(
@@ -98,12 +105,13 @@ impl SelectorLabels for Labels<'_> {
     }
 
     async fn namespace_labels(&self) -> std::result::Result<BTreeMap<String, String>, IpamError> {
-        if let Some(labels) = self.call.namespace_labels {
+        if let Some(labels) = &self.call.namespace_labels {
             return Ok(labels.clone());
         }
-        match (self.call.kdd, self.call.req.env.args.k8s_pod()) {
-            (Some(kdd), Some((ns, _))) => {
-                kdd.namespace_labels(ns)
+        match (&self.call.namespaces, self.req.env.args.k8s_pod()) {
+            (Some(namespaces), Some((ns, _))) => {
+                namespaces
+                    .namespace_labels(ns)
                     .await
                     .map_err(|source| IpamError::Datastore {
                         what: format!("failed to get namespace {ns}"),
@@ -134,19 +142,18 @@ fn upgrade_marker(lock_file: &Path) -> PathBuf {
 /// ADD: an explicit address (`IP=`, given back as /32 or /128) or
 /// auto-assignment (each address with its block's prefix); one route per
 /// address.
-pub async fn add(call: &Call<'_>) -> Result<CniResult> {
-    let req = call.req;
-    check_identifiers(req, call.host)?;
+pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
+    check_identifiers(req, &call.host)?;
     let handle = handle_id(req);
     let mut attrs = BTreeMap::from([
-        (ATTR_NODE.to_string(), call.host.to_string()),
+        (ATTR_NODE.to_string(), call.host.clone()),
         (ATTR_TIMESTAMP.to_string(), go_time_utc(SystemTime::now())),
     ]);
     if let Some((ns, pod)) = req.env.args.k8s_pod() {
         attrs.insert(ATTR_NAMESPACE.into(), ns.to_string());
         attrs.insert(ATTR_POD.into(), pod.to_string());
     }
-    let allocator = Allocator::new(call.store, call.host);
+    let allocator = Allocator::new(call.store.as_ref(), &call.host);
     let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
     let work = async {
         let _lock = lock::acquire(&lock_file, call.deadline).await;
@@ -169,7 +176,7 @@ pub async fn add(call: &Call<'_>) -> Result<CniResult> {
         let ipam = &req.conf.ipam;
         let num4 = usize::from(ipam.assign_ipv4.as_deref() != Some("false"));
         let num6 = usize::from(ipam.assign_ipv6.as_deref() == Some("true"));
-        let labels = Labels { call };
+        let labels = Labels { call, req };
         let assigned = allocator
             .auto_assign(&AutoAssign {
                 num4,
@@ -212,10 +219,9 @@ fn result_for(ips: &[IpNet]) -> CniResult {
 
 /// DEL: releases `<name>.<container ID>` and the pre-v3 handle; handles
 /// that do not exist are fine.
-pub async fn del(call: &Call<'_>) -> Result<()> {
-    let req = call.req;
-    check_identifiers(req, call.host)?;
-    let allocator = Allocator::new(call.store, call.host);
+pub async fn del(call: &Call, req: &Request) -> Result<()> {
+    check_identifiers(req, &call.host)?;
+    let allocator = Allocator::new(call.store.as_ref(), &call.host);
     let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
     let work = async {
         let _lock = lock::acquire(&lock_file, call.deadline).await;
@@ -233,12 +239,11 @@ pub async fn del(call: &Call<'_>) -> Result<()> {
 }
 
 /// CHECK: the handle exists and holds the addresses of prevResult.
-pub async fn check(call: &Call<'_>) -> Result<()> {
-    let req = call.req;
+pub async fn check(call: &Call, req: &Request) -> Result<()> {
     let handle = handle_id(req);
     let held = tokio::time::timeout_at(
         call.deadline,
-        Allocator::new(call.store, call.host).addresses_of(&handle),
+        Allocator::new(call.store.as_ref(), &call.host).addresses_of(&handle),
     )
     .await
     .map_err(|_| timed_out("the check"))??;
@@ -269,8 +274,7 @@ pub async fn check(call: &Call<'_>) -> Result<()> {
 /// whose container is not among `cni.dev/valid-attachments`; without the
 /// list, nothing. Every stale handle is tried; the errors are reported
 /// together.
-pub async fn gc(call: &Call<'_>) -> Result<()> {
-    let req = call.req;
+pub async fn gc(call: &Call, req: &Request) -> Result<()> {
     let Some(valid) = req.valid_attachments()? else {
         tracing::info!("GC without cni.dev/valid-attachments: nothing is collected");
         return Ok(());
@@ -278,7 +282,7 @@ pub async fn gc(call: &Call<'_>) -> Result<()> {
     let keep: std::collections::HashSet<&str> =
         valid.iter().map(|a| a.container_id.as_str()).collect();
     let prefix = format!("{}.", req.conf.name);
-    let allocator = Allocator::new(call.store, call.host);
+    let allocator = Allocator::new(call.store.as_ref(), &call.host);
     let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
     let work = async {
         let _lock = lock::acquire(&lock_file, call.deadline).await;
@@ -309,12 +313,46 @@ pub async fn gc(call: &Call<'_>) -> Result<()> {
     }
 }
 
+/// The owners of network `network`'s allocations on this node: the
+/// containers of its handles (`<network>.<container ID>`), with the pods
+/// their allocations' attributes name.
+pub async fn owners(call: &Call, network: &str) -> Result<Vec<Owner>> {
+    let prefix = format!("{network}.");
+    let handles = tokio::time::timeout_at(
+        call.deadline,
+        Allocator::new(call.store.as_ref(), &call.host).host_handle_pods(&prefix),
+    )
+    .await
+    .map_err(|_| timed_out("reading this node's allocations"))??;
+    Ok(handles
+        .into_iter()
+        .map(|(handle, pod)| Owner {
+            container_id: handle[prefix.len()..].to_string(),
+            pod,
+        })
+        .collect())
+}
+
+/// Releases `ips` whoever holds them (`ipAddrs` of a re-created pod).
+pub async fn release_ips(call: &Call, ips: &[IpAddr]) -> Result<()> {
+    tokio::time::timeout_at(
+        call.deadline,
+        Allocator::new(call.store.as_ref(), &call.host).release_ips(ips),
+    )
+    .await
+    .map_err(|_| timed_out("the address release"))?
+    .map_err(|e| Error::Ipam(format!("failed to release ipAddrs: {e}")))?;
+    Ok(())
+}
+
 /// STATUS: the datastore answers and an enabled pool exists.
-pub async fn status(call: &Call<'_>) -> Result<()> {
-    let pools =
-        tokio::time::timeout_at(call.deadline, Allocator::new(call.store, call.host).pools())
-            .await
-            .map_err(|_| timed_out("reading IP pools"))??;
+pub async fn status(call: &Call) -> Result<()> {
+    let pools = tokio::time::timeout_at(
+        call.deadline,
+        Allocator::new(call.store.as_ref(), &call.host).pools(),
+    )
+    .await
+    .map_err(|_| timed_out("reading IP pools"))??;
     if !pools.iter().any(|p| !p.spec.disabled) {
         return Err(Error::NotAvailable(
             "calico-ipam cannot allocate: no enabled IP pool is configured".into(),

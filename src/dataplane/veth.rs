@@ -1,6 +1,7 @@
-//! DoNetworking (ADD), CleanUpNamespace (DEL) and the CHECK verification,
-//! written against the [`Netlink`] trait so the sequence is testable
-//! without root.
+//! The veth layout, Calico's: DoNetworking (ADD), CleanUpNamespace (DEL)
+//! and the CHECK verification, written against the [`Netlink`] trait and
+//! the pod namespaces' opener ([`Namespaces`]) so that the sequence is
+//! testable without root ([`super::fake`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
@@ -13,7 +14,7 @@ use tokio::time::Instant;
 use crate::dataplane::netlink::{Netlink, RouteSpec, RtNetlink, VethSpec};
 use crate::dataplane::netns::NetNs;
 use crate::dataplane::sysctl::{self, Sysctl};
-use crate::dataplane::{DataplaneError, MacAddr};
+use crate::dataplane::{Dataplane, DataplaneError, MacAddr, PreparedPod};
 
 /// The container's IPv4 gateway: a link-local address answered by proxy ARP.
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
@@ -192,22 +193,171 @@ async fn add_host_route(
     }
 }
 
-impl PodNetwork {
-    /// Opens the pod netns and the two netlink sockets. `Ok(None)` when the
-    /// netns path does not exist.
-    pub fn open(netns_path: &Path) -> Result<Option<PodNetwork>, DataplaneError> {
-        let Some(netns) = NetNs::open(netns_path)? else {
+/// A pod's side as the dataplane works on it: a netlink socket inside its
+/// namespace, where its sysctls go, and the namespace's fd.
+pub struct PodSide {
+    pub netlink: Arc<dyn Netlink>,
+    pub sysctls: Arc<dyn SysctlWriter>,
+    pub fd: std::os::fd::RawFd,
+}
+
+/// How pod namespaces are reached: opened (a socket inside), and their
+/// interface deleted.
+pub trait Namespaces: Send + Sync {
+    /// The pod side of the namespace at `netns`; `Ok(None)` when the path
+    /// does not exist.
+    fn open(&self, netns: &Path) -> Result<Option<PodSide>, DataplaneError>;
+
+    /// Deletes `ifname` inside the namespace at `netns` (empty: none given)
+    /// by `deadline`.
+    fn delete_link(
+        &self,
+        netns: &str,
+        ifname: &str,
+        deadline: Instant,
+    ) -> futures::future::BoxFuture<'static, Result<CleanupOutcome, DataplaneError>>;
+}
+
+/// The kernel's namespaces: a socket made inside on a one-shot thread, and
+/// [`clean_up_namespace`].
+pub struct KernelNamespaces;
+
+impl Namespaces for KernelNamespaces {
+    fn open(&self, netns: &Path) -> Result<Option<PodSide>, DataplaneError> {
+        let Some(netns) = NetNs::open(netns)? else {
             return Ok(None);
         };
-        let host = RtNetlink::connect()?;
         let (conn, handle) = pod_socket(&netns)?;
         tokio::spawn(conn);
-        let pod_fd = netns.raw_fd();
-        Ok(Some(PodNetwork {
-            host: Arc::new(host),
-            pod: Arc::new(RtNetlink::from_handle(handle)),
+        let fd = netns.raw_fd();
+        Ok(Some(PodSide {
+            netlink: Arc::new(RtNetlink::from_handle(handle)),
             sysctls: Arc::new(ProcSysctls { netns }),
-            pod_fd,
+            fd,
+        }))
+    }
+
+    fn delete_link(
+        &self,
+        netns: &str,
+        ifname: &str,
+        deadline: Instant,
+    ) -> futures::future::BoxFuture<'static, Result<CleanupOutcome, DataplaneError>> {
+        Box::pin(clean_up_namespace(netns, ifname, deadline))
+    }
+}
+
+/// The veth layout behind [`Dataplane`]: one host netlink socket, made on
+/// first use and then shared by every host-side operation of the call.
+pub struct VethDataplane {
+    host: tokio::sync::OnceCell<Arc<dyn Netlink>>,
+    namespaces: Arc<dyn Namespaces>,
+}
+
+impl VethDataplane {
+    pub fn new(namespaces: Arc<dyn Namespaces>) -> VethDataplane {
+        VethDataplane {
+            host: tokio::sync::OnceCell::new(),
+            namespaces,
+        }
+    }
+
+    /// With a host side of its own (tests: a recording fake).
+    pub fn with_host(host: Arc<dyn Netlink>, namespaces: Arc<dyn Namespaces>) -> VethDataplane {
+        VethDataplane {
+            host: tokio::sync::OnceCell::new_with(Some(host)),
+            namespaces,
+        }
+    }
+
+    fn host(&self) -> Result<Arc<dyn Netlink>, DataplaneError> {
+        if let Some(h) = self.host.get() {
+            return Ok(Arc::clone(h));
+        }
+        let host: Arc<dyn Netlink> = Arc::new(RtNetlink::connect()?);
+        Ok(Arc::clone(self.host.get().unwrap_or_else(|| {
+            let _ = self.host.set(host);
+            self.host.get().expect("just set")
+        })))
+    }
+
+    /// The pod at `netns`, with this call's host socket.
+    fn pod(&self, netns: &Path) -> Result<PodNetwork, DataplaneError> {
+        let side = self.namespaces.open(netns)?.ok_or_else(|| {
+            DataplaneError::Netns(format!(
+                "failed to Statfs {:?}: no such file or directory",
+                netns.display().to_string()
+            ))
+        })?;
+        Ok(PodNetwork {
+            host: self.host()?,
+            pod: side.netlink,
+            sysctls: side.sysctls,
+            pod_fd: side.fd,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Dataplane for VethDataplane {
+    async fn prepare(&self, netns: &Path, net: &Networking) -> Result<PreparedPod, DataplaneError> {
+        let pod = self.pod(netns)?;
+        let links = pod.prepare(net).await?;
+        Ok(PreparedPod { pod, links })
+    }
+
+    async fn finish(
+        &self,
+        pod: &PreparedPod,
+        net: &Networking,
+    ) -> Result<NetworkingOutcome, DataplaneError> {
+        pod.pod.finish(&pod.links, net).await
+    }
+
+    async fn check(
+        &self,
+        netns: &Path,
+        expected: &Networking,
+        expected_mac: Option<MacAddr>,
+    ) -> Result<(), DataplaneError> {
+        let pod = self.namespaces.open(netns)?.ok_or_else(|| {
+            DataplaneError::Check(format!("netns {} does not exist", netns.display()))
+        })?;
+        let pod = PodNetwork {
+            host: self.host()?,
+            pod: pod.netlink,
+            sysctls: pod.sysctls,
+            pod_fd: pod.fd,
+        };
+        pod.check(expected, expected_mac).await
+    }
+
+    async fn clean_up(
+        &self,
+        netns: &str,
+        ifname: &str,
+        deadline: Instant,
+    ) -> Result<CleanupOutcome, DataplaneError> {
+        self.namespaces.delete_link(netns, ifname, deadline).await
+    }
+
+    async fn delete_host_link(&self, name: &str) -> Result<bool, DataplaneError> {
+        self.host()?.delete_link(name).await
+    }
+}
+
+impl PodNetwork {
+    /// Opens the pod netns and two netlink sockets of its own (one in the
+    /// host netns). `Ok(None)` when the netns path does not exist.
+    pub fn open(netns_path: &Path) -> Result<Option<PodNetwork>, DataplaneError> {
+        let Some(side) = KernelNamespaces.open(netns_path)? else {
+            return Ok(None);
+        };
+        Ok(Some(PodNetwork {
+            host: Arc::new(RtNetlink::connect()?),
+            pod: side.netlink,
+            sysctls: side.sysctls,
+            pod_fd: side.fd,
         }))
     }
 
@@ -600,10 +750,4 @@ fn delete_in_this_netns(ifname: &str) -> Result<CleanupOutcome, DataplaneError> 
             CleanupOutcome::LinkGone
         })
     })
-}
-
-/// Deletes a host-side veth by name (DEL when the pod netns is gone);
-/// `false` when it did not exist.
-pub async fn delete_host_veth(name: &str) -> Result<bool, DataplaneError> {
-    RtNetlink::connect()?.delete_link(name).await
 }

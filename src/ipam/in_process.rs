@@ -1,0 +1,131 @@
+//! calico-ipam in the `calico` plugin's process (when the `calico-ipam`
+//! that `CNI_PATH` finds is this executable): the personality's verbs on
+//! the call's own datastore, with no second exec. Each verb answers the
+//! request the exec'd plugin would have been given: the call's variables
+//! with the config it is handed (and `IP=` for an explicit address).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::calico::verbs::{self, Call};
+use super::{Ipam, Owner, Pending, Setup};
+use crate::cni::env::{CniEnv, Command};
+use crate::cni::request::Attachment;
+use crate::cni::{CniResult, NetConf, Request, Result, Version};
+use crate::datastore::Store;
+
+pub struct InProcessIpam {
+    env: CniEnv,
+    network: String,
+    setup: Setup,
+    store: Arc<dyn Store>,
+    deadline: Instant,
+}
+
+impl InProcessIpam {
+    pub fn new(
+        req: &Request,
+        store: Arc<dyn Store>,
+        setup: Setup,
+        deadline: Instant,
+    ) -> InProcessIpam {
+        InProcessIpam {
+            env: req.env.clone(),
+            network: req.conf.name.clone(),
+            setup,
+            store,
+            deadline,
+        }
+    }
+
+    /// The calico-ipam call context: this call's store, node and the
+    /// namespace labels as far as they are known.
+    fn call(&self) -> Call {
+        Call {
+            store: Arc::clone(&self.store),
+            namespaces: self.setup.namespaces.clone(),
+            host: self.setup.host.clone(),
+            namespace_labels: self.setup.namespace_labels.get().cloned(),
+            deadline: self.deadline,
+        }
+    }
+
+    /// The request calico-ipam answers for `command` on `config`.
+    fn request(&self, command: Command, config: &Value, ip: Option<IpAddr>) -> Result<Request> {
+        tracing::debug!(verb = command.as_str(), "calico-ipam in process");
+        let mut env = self.env.clone();
+        env.command = command;
+        if ip.is_some() {
+            env.args.ip = ip;
+        }
+        Ok(Request {
+            env,
+            raw: config.clone(),
+            conf: NetConf::from_value(config)?,
+            version: Version::from_config(config.get("cniVersion").and_then(Value::as_str))?,
+            deadline: self.deadline,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Ipam for InProcessIpam {
+    fn kind(&self) -> &str {
+        super::CALICO_IPAM
+    }
+
+    async fn start(&self, _command: Command) -> Result<Pending> {
+        Ok(Pending::none())
+    }
+
+    async fn add(&self, config: &Value, _pending: Pending) -> Result<CniResult> {
+        verbs::add(&self.call(), &self.request(Command::Add, config, None)?).await
+    }
+
+    async fn add_ip(&self, config: &Value, ip: IpAddr) -> Result<CniResult> {
+        verbs::add(&self.call(), &self.request(Command::Add, config, Some(ip))?).await
+    }
+
+    async fn del(&self, config: &Value, _pending: Pending) -> Result<()> {
+        verbs::del(&self.call(), &self.request(Command::Del, config, None)?).await
+    }
+
+    async fn check(&self, config: &Value) -> Result<()> {
+        verbs::check(&self.call(), &self.request(Command::Check, config, None)?).await
+    }
+
+    async fn status(&self, _config: &Value) -> Result<()> {
+        verbs::status(&self.call()).await
+    }
+
+    async fn gc(&self, config: &Value, _valid: Option<&[Attachment]>) -> Result<()> {
+        verbs::gc(&self.call(), &self.request(Command::Gc, config, None)?).await
+    }
+
+    async fn release_ips(&self, ips: &[IpAddr]) -> Result<()> {
+        verbs::release_ips(&self.call(), ips).await
+    }
+
+    async fn owners(&self) -> Result<Option<Vec<Owner>>> {
+        verbs::owners(&self.call(), &self.network).await.map(Some)
+    }
+
+    /// The same calico-ipam with the store's requests bound to `deadline`
+    /// (the call's own may be what has just passed).
+    fn until(&self, deadline: Instant) -> Arc<dyn Ipam> {
+        let store = self
+            .store
+            .until(deadline)
+            .unwrap_or_else(|| Arc::clone(&self.store));
+        Arc::new(InProcessIpam {
+            env: self.env.clone(),
+            network: self.network.clone(),
+            setup: self.setup.clone(),
+            store,
+            deadline,
+        })
+    }
+}
