@@ -25,6 +25,8 @@ pub mod release_queue;
 pub mod rollback;
 pub mod status;
 pub mod teardown;
+#[cfg(test)]
+mod tests;
 pub mod workload;
 
 use crate::cni::{CniResult, Command, Request, Result};
