@@ -15,7 +15,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use crate::cni::env::Command;
-use crate::cni::error::{Error, PluginError, Result};
+use crate::cni::error::{Error, Kind, PluginError, Result};
 use crate::cni::result::CniResult;
 use crate::cni::version::{self, Version};
 
@@ -134,7 +134,7 @@ impl Delegate {
                     tokio::time::sleep(TEXT_BUSY_PAUSE).await;
                 }
                 Err(e) => {
-                    return Err(Error::Ipam(format!(
+                    return Err(Error::ipam(format!(
                         "failed to exec {}: {e}",
                         binary.display()
                     )));
@@ -196,8 +196,13 @@ impl Delegate {
             }
             Err(e) => return Err(e),
         };
-        let v: Value = serde_json::from_slice(&out)
-            .map_err(|e| Error::Ipam(format!("{}: bad VERSION answer: {e}", self.plugin)))?;
+        let v: Value = serde_json::from_slice(&out).map_err(|e| {
+            Error::caused(
+                Kind::Ipam,
+                format!("{}: bad VERSION answer", self.plugin),
+                e,
+            )
+        })?;
         if let Some(list) = v.get("supportedVersions").and_then(Value::as_array) {
             return Ok(list
                 .iter()
@@ -207,7 +212,7 @@ impl Delegate {
         match v.get("cniVersion").and_then(Value::as_str) {
             Some("0.2.0") => Ok(vec!["0.1.0".into(), "0.2.0".into()]),
             Some(other) if !other.is_empty() => Ok(vec![other.to_string()]),
-            _ => Err(Error::Ipam(format!(
+            _ => Err(Error::ipam(format!(
                 "{}: VERSION answer has no cniVersion",
                 self.plugin
             ))),
@@ -229,7 +234,7 @@ impl Delegate {
             Value::Null
         } else {
             serde_json::from_str(&text).map_err(|e| {
-                Error::Ipam(format!(
+                Error::ipam(format!(
                     "{} ADD printed an unreadable result: {e}",
                     self.plugin
                 ))
@@ -300,13 +305,15 @@ impl Running {
         let output = tokio::time::timeout(remaining, run_to_end(child, stdin))
             .await
             .map_err(|_| {
-                Error::TryAgainLater(format!(
+                Error::timed_out(format!(
                     "{} {} did not finish within the deadline",
                     plugin,
                     command.as_str()
                 ))
             })?
-            .map_err(|e| Error::Ipam(format!("failed to run {}: {e}", binary.display())))?;
+            .map_err(|e| {
+                Error::caused(Kind::Ipam, format!("failed to run {}", binary.display()), e)
+            })?;
         tracing::debug!(
             plugin = %plugin,
             command = command.as_str(),
@@ -364,7 +371,7 @@ fn plugin_failure(stdout: &[u8], stderr: &[u8]) -> Error {
     } else {
         "netplugin failed with no error message".to_string()
     };
-    Error::Ipam(msg)
+    Error::ipam(msg)
 }
 
 #[cfg(test)]

@@ -1,8 +1,16 @@
 //! The plugin's one error type and its mapping to CNI error codes.
 //!
-//! Every failure inside the library is a variant of [`Error`]; the edge
-//! (`crate::app`) turns it into the spec's `{cniVersion, code, msg, details}`
-//! JSON with [`Error::to_reply`]. Nothing else chooses error codes.
+//! Every failure inside the library becomes an [`Error`]: the contract's
+//! own (environment, config, versions), a delegated plugin's error passed
+//! through, or a service's failure ([`Error::Failed`]) of a [`Kind`] —
+//! the datastore, the dataplane, the IPAM, the Kubernetes API, refused
+//! credentials, a deadline — keeping the module's typed error as its
+//! source (each module converts its own error and says which kind it is:
+//! a timeout is [`Kind::TimedOut`] wherever it happens). Several failures
+//! of one call (DEL's parts, GC's items) are kept together
+//! ([`Error::Several`]). The edge (`crate::app`) turns it into the spec's
+//! `{cniVersion, code, msg, details}` JSON with [`Error::to_reply`]; the
+//! code table is [`Error::code`], and nothing else chooses error codes.
 
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +70,27 @@ impl std::fmt::Display for PluginError {
     }
 }
 
+/// Which service failed, which decides the code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Datastore,
+    Dataplane,
+    Ipam,
+    Kubernetes,
+    /// The API server or the datastore refused the credentials.
+    Unauthorized,
+    /// A deadline passed, or a service did not answer in time.
+    TimedOut,
+}
+
+fn failure_text(what: &str, source: Option<&(dyn std::error::Error + Send + Sync)>) -> String {
+    match source {
+        None => what.to_string(),
+        Some(source) if what.is_empty() => source.to_string(),
+        Some(source) => format!("{what}: {source}"),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("incompatible CNI versions")]
@@ -93,9 +122,6 @@ pub enum Error {
     #[error("{0}")]
     UnsupportedField(String),
 
-    #[error("{0}")]
-    TryAgainLater(String),
-
     /// STATUS: this plugin cannot serve ADD now.
     #[error("{0}")]
     NotAvailable(String),
@@ -104,21 +130,15 @@ pub enum Error {
     #[error("{0}")]
     Delegated(PluginError),
 
-    #[error("{0}")]
-    Ipam(String),
-
-    #[error("{0}")]
-    Datastore(String),
-
-    #[error("{0}")]
-    Dataplane(String),
-
-    #[error("{0}")]
-    Kubernetes(String),
-
-    /// The credentials were rejected (a 401).
-    #[error("{0}")]
-    Unauthorized(String),
+    /// A service failed while doing `what`; `source` is the module's own
+    /// error when there is one.
+    #[error("{}", failure_text(what, source.as_deref()))]
+    Failed {
+        kind: Kind,
+        what: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
 
     #[error("{0}")]
     Invocation(String),
@@ -144,14 +164,16 @@ impl Error {
             Error::Decode(_) => DECODE,
             Error::InvalidConfig(_) => INVALID_CONFIG,
             Error::UnsupportedField(_) => UNSUPPORTED_FIELD,
-            Error::TryAgainLater(_) => TRY_AGAIN_LATER,
             Error::NotAvailable(_) => NOT_AVAILABLE,
             Error::Delegated(e) => e.code,
-            Error::Ipam(_) => IPAM,
-            Error::Datastore(_) => DATASTORE,
-            Error::Dataplane(_) => DATAPLANE,
-            Error::Kubernetes(_) => KUBERNETES,
-            Error::Unauthorized(_) => UNAUTHORIZED,
+            Error::Failed { kind, .. } => match kind {
+                Kind::Datastore => DATASTORE,
+                Kind::Dataplane => DATAPLANE,
+                Kind::Ipam => IPAM,
+                Kind::Kubernetes => KUBERNETES,
+                Kind::Unauthorized => UNAUTHORIZED,
+                Kind::TimedOut => TRY_AGAIN_LATER,
+            },
             Error::Invocation(_) => INVOCATION,
             Error::Internal(_) => INTERNAL,
             Error::Several(errors) => errors
@@ -165,6 +187,57 @@ impl Error {
                     }
                 })
                 .unwrap_or(INTERNAL),
+        }
+    }
+
+    /// A failure of `kind` described by `what` alone.
+    pub fn failed(kind: Kind, what: impl Into<String>) -> Error {
+        Error::Failed {
+            kind,
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A failure of `kind` while doing `what`, caused by `source`.
+    pub fn caused(
+        kind: Kind,
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Error {
+        Error::Failed {
+            kind,
+            what: what.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    pub fn datastore(what: impl Into<String>) -> Error {
+        Error::failed(Kind::Datastore, what)
+    }
+
+    pub fn dataplane(what: impl Into<String>) -> Error {
+        Error::failed(Kind::Dataplane, what)
+    }
+
+    pub fn ipam(what: impl Into<String>) -> Error {
+        Error::failed(Kind::Ipam, what)
+    }
+
+    pub fn kubernetes(what: impl Into<String>) -> Error {
+        Error::failed(Kind::Kubernetes, what)
+    }
+
+    /// A deadline passed: "try again later" (11).
+    pub fn timed_out(what: impl Into<String>) -> Error {
+        Error::failed(Kind::TimedOut, what)
+    }
+
+    /// The service's kind, for a service failure.
+    pub fn kind(&self) -> Option<Kind> {
+        match self {
+            Error::Failed { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
 
@@ -210,19 +283,23 @@ impl Error {
 
     /// Prefixes the message with context, keeping the variant (and so the code).
     pub fn context(self, what: impl std::fmt::Display) -> Error {
-        let wrap = |m: String| format!("{what}: {m}");
+        let what_text = what.to_string();
+        let wrap = |m: String| format!("{what_text}: {m}");
         match self {
             Error::Io(m) => Error::Io(wrap(m)),
             Error::Decode(m) => Error::Decode(wrap(m)),
             Error::InvalidConfig(m) => Error::InvalidConfig(wrap(m)),
             Error::UnsupportedField(m) => Error::UnsupportedField(wrap(m)),
-            Error::TryAgainLater(m) => Error::TryAgainLater(wrap(m)),
             Error::NotAvailable(m) => Error::NotAvailable(wrap(m)),
-            Error::Ipam(m) => Error::Ipam(wrap(m)),
-            Error::Datastore(m) => Error::Datastore(wrap(m)),
-            Error::Dataplane(m) => Error::Dataplane(wrap(m)),
-            Error::Kubernetes(m) => Error::Kubernetes(wrap(m)),
-            Error::Unauthorized(m) => Error::Unauthorized(wrap(m)),
+            Error::Failed { kind, what, source } => Error::Failed {
+                kind,
+                what: if what.is_empty() {
+                    what_text.to_string()
+                } else {
+                    wrap(what)
+                },
+                source,
+            },
             Error::Invocation(m) => Error::Invocation(wrap(m)),
             Error::Internal(m) => Error::Internal(wrap(m)),
             Error::Several(mut errors) => {
@@ -258,12 +335,13 @@ fn severity(code: u32) -> u8 {
 impl From<crate::k8s::K8sError> for Error {
     fn from(e: crate::k8s::K8sError) -> Self {
         use crate::k8s::K8sError;
-        match e {
-            K8sError::Config(m) => Error::InvalidConfig(m),
-            K8sError::Timeout(m) => Error::TryAgainLater(m),
-            K8sError::Unauthorized(m) => Error::Unauthorized(m),
-            other => Error::Kubernetes(other.to_string()),
-        }
+        let kind = match &e {
+            K8sError::Config(m) => return Error::InvalidConfig(m.clone()),
+            K8sError::Timeout(_) => Kind::TimedOut,
+            K8sError::Unauthorized(_) => Kind::Unauthorized,
+            _ => Kind::Kubernetes,
+        };
+        Error::caused(kind, "", e)
     }
 }
 
@@ -307,38 +385,52 @@ mod tests {
     fn several_errors_answer_with_the_most_severe() {
         let e = Error::all([
             Ok(()),
-            Err(Error::TryAgainLater("timed out".into())),
-            Err(Error::Datastore("refused".into())),
+            Err(Error::timed_out("timed out")),
+            Err(Error::datastore("refused")),
         ])
         .unwrap_err();
         assert_eq!(e.code(), code::DATASTORE);
         assert_eq!(e.to_string(), "timed out; refused");
         assert!(Error::all([Ok(()), Ok(())]).is_ok());
-        let one = Error::all([Err(Error::TryAgainLater("x".into()))]).unwrap_err();
-        assert!(matches!(one, Error::TryAgainLater(_)));
+        let one = Error::all([Err(Error::timed_out("x"))]).unwrap_err();
+        assert_eq!(one.kind(), Some(Kind::TimedOut));
         assert_eq!(
-            Error::all([
-                Err(Error::Ipam("a".into())),
-                Err(Error::Dataplane("b".into()))
-            ])
-            .unwrap_err()
-            .code(),
+            Error::all([Err(Error::ipam("a")), Err(Error::dataplane("b"))])
+                .unwrap_err()
+                .code(),
             code::IPAM,
             "the first of equals"
         );
-        let e = Error::all([
-            Err(Error::Ipam("a".into())),
-            Err(Error::TryAgainLater("b".into())),
-        ])
-        .unwrap_err()
-        .context("GC");
+        let e = Error::all([Err(Error::ipam("a")), Err(Error::timed_out("b"))])
+            .unwrap_err()
+            .context("GC");
         assert_eq!(e.to_string(), "GC: a; b");
     }
 
     #[test]
     fn context_keeps_code() {
-        let e = Error::Dataplane("EEXIST".into()).context("adding route");
+        let e = Error::dataplane("EEXIST").context("adding route");
         assert_eq!(e.code(), code::DATAPLANE);
         assert_eq!(e.to_string(), "adding route: EEXIST");
+    }
+
+    #[test]
+    fn a_failure_keeps_its_source_and_a_timeout_is_11() {
+        use std::error::Error as _;
+        let io = std::io::Error::other("connection refused");
+        let e = Error::caused(Kind::Datastore, "error getting X", io).context("DEL");
+        assert_eq!(e.to_string(), "DEL: error getting X: connection refused");
+        assert_eq!(e.code(), code::DATASTORE);
+        assert_eq!(e.source().unwrap().to_string(), "connection refused");
+        let k8s: Error = crate::k8s::K8sError::Timeout("no answer".into()).into();
+        assert_eq!(k8s.code(), code::TRY_AGAIN_LATER);
+        assert_eq!(k8s.to_string(), "no answer");
+        assert!(k8s.source().is_some());
+        let refused: Error = crate::k8s::K8sError::Unauthorized("401".into()).into();
+        assert_eq!(refused.code(), code::UNAUTHORIZED);
+        assert_eq!(
+            Error::timed_out("late").context("GC").to_string(),
+            "GC: late"
+        );
     }
 }

@@ -99,10 +99,12 @@ pub enum DataplaneError {
 
 impl From<DataplaneError> for crate::cni::Error {
     fn from(e: DataplaneError) -> Self {
-        match e {
-            DataplaneError::Timeout(m) => crate::cni::Error::TryAgainLater(m),
-            other => crate::cni::Error::Dataplane(other.to_string()),
-        }
+        use crate::cni::error::Kind;
+        let kind = match e {
+            DataplaneError::Timeout(_) => Kind::TimedOut,
+            _ => Kind::Dataplane,
+        };
+        crate::cni::Error::caused(kind, "", e)
     }
 }
 

@@ -152,22 +152,23 @@ impl DatastoreError {
     /// (11), rejected credentials are code 103, the rest a datastore error
     /// (100).
     pub fn context(self, what: &str) -> crate::cni::Error {
-        use crate::cni::Error;
+        crate::cni::Error::caused(self.kind(), what, self)
+    }
+
+    /// Which kind of failure this is for the CNI edge.
+    pub fn kind(&self) -> crate::cni::error::Kind {
+        use crate::cni::error::Kind;
         match self {
-            DatastoreError::Timeout(m) => Error::TryAgainLater(format!("{what}: {m}")),
-            DatastoreError::Unauthorized(m) => Error::Unauthorized(format!("{what}: {m}")),
-            other => Error::Datastore(format!("{what}: {other}")),
+            DatastoreError::Timeout(_) => Kind::TimedOut,
+            DatastoreError::Unauthorized(_) => Kind::Unauthorized,
+            _ => Kind::Datastore,
         }
     }
 }
 
 impl From<DatastoreError> for crate::cni::Error {
     fn from(e: DatastoreError) -> Self {
-        match e {
-            DatastoreError::Timeout(m) => crate::cni::Error::TryAgainLater(m),
-            DatastoreError::Unauthorized(m) => crate::cni::Error::Unauthorized(m),
-            other => crate::cni::Error::Datastore(other.to_string()),
-        }
+        crate::cni::Error::caused(e.kind(), "", e)
     }
 }
 

@@ -13,6 +13,7 @@ use super::etcd::EtcdStore;
 use super::kubernetes::KubernetesStore;
 use super::local::LocalStore;
 use super::{Backend, Store};
+use crate::cni::error::Kind;
 use crate::cni::{Error, NetConf, Result};
 use crate::etcd::{EtcdClient, EtcdConfig};
 use crate::k8s::K8sClient;
@@ -92,7 +93,7 @@ where
         }
         Backend::Etcd => {
             let client = EtcdClient::new(&etcd_config(conf, vars)?, deadline)
-                .map_err(|e| Error::Datastore(format!("error creating calico client: {e}")))?;
+                .map_err(|e| Error::caused(Kind::Datastore, "error creating calico client", e))?;
             Ok(Opened::stored(Arc::new(EtcdStore::new(client))))
         }
     }

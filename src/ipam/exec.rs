@@ -15,6 +15,7 @@ use super::calico::verbs::{self, Call};
 use super::{CALICO_IPAM, Ipam, Owner, Pending, Setup, host_local_gc};
 use crate::cni::delegate::Delegate;
 use crate::cni::env::Command;
+use crate::cni::error::Kind;
 use crate::cni::request::Attachment;
 use crate::cni::{CniResult, Error, Result};
 
@@ -62,7 +63,7 @@ impl ExecIpam {
             tokio::task::spawn_blocking(move || host_local_gc::collect(&dir, &valid, deadline))
                 .await
                 .map_err(|e| Error::Internal(format!("host-local GC stopped: {e}")))?
-                .map_err(|e| Error::Ipam(format!("host-local GC: {e}")))?;
+                .map_err(|e| Error::caused(Kind::Ipam, "host-local GC", e))?;
         if !collected.released.is_empty() {
             tracing::info!(released = ?collected.released, kept = collected.kept, "host-local GC");
         }
@@ -121,7 +122,7 @@ impl Ipam for ExecIpam {
     async fn release_ips(&self, ips: &[IpAddr]) -> Result<()> {
         match self.calico()? {
             Some(call) => verbs::release_ips(&call, ips).await,
-            None => Err(Error::Ipam(format!(
+            None => Err(Error::ipam(format!(
                 "releasing addresses directly needs calico-ipam, not {}",
                 self.plugin.plugin
             ))),

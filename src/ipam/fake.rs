@@ -46,7 +46,7 @@ impl FakeIpam {
             .unwrap()
             .push(format!("ipam {verb}{what}"));
         if self.fail.lock().unwrap().contains(verb) {
-            return Err(Error::Ipam(format!("injected {verb} failure")));
+            return Err(Error::ipam(format!("injected {verb} failure")));
         }
         Ok(())
     }

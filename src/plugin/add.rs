@@ -219,17 +219,15 @@ async fn do_networking(
         tokio::time::timeout(req.remaining(), async { tokio::join!(addresses, prepare) })
             .await
             .map_err(|_| {
-                Error::TryAgainLater(
-                    "timed out allocating addresses and creating the veth pair".into(),
-                )
+                Error::timed_out("timed out allocating addresses and creating the veth pair")
             })?;
     let ipam_result = ipam_result?;
     let prepared = prepared?;
     tracing::debug!("IPAM and veth pair done");
     inject_fault(ctx, "ipam")?;
     if ipam_result.ips.is_empty() {
-        return Err(Error::Ipam(
-            "IPAM plugin returned no IP addresses in result".into(),
+        return Err(Error::ipam(
+            "IPAM plugin returned no IP addresses in result",
         ));
     }
     let ips: Vec<IpNet> = ipam_result
@@ -244,7 +242,7 @@ async fn do_networking(
         ctx.dataplane().finish(&prepared, &networking),
     )
     .await
-    .map_err(|_| Error::TryAgainLater("timed out setting up the pod network".into()))??;
+    .map_err(|_| Error::timed_out("timed out setting up the pod network"))??;
     tracing::debug!("networking done");
     inject_fault(ctx, "networking")?;
     Ok((ipam_result, ips, outcome))

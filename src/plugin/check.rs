@@ -29,13 +29,13 @@ pub async fn cmd_check(ctx: &Context, workload: &dyn Workload) -> Result<()> {
             i.name == req.env.ifname && i.sandbox.as_deref().is_some_and(|s| !s.is_empty())
         })
         .ok_or_else(|| {
-            Error::Dataplane(format!(
+            Error::dataplane(format!(
                 "prevResult has no interface {} in a sandbox",
                 req.env.ifname
             ))
         })?;
     let expected_mac = match &prev.interfaces[container].mac {
-        Some(m) => Some(m.parse::<MacAddr>().map_err(Error::Dataplane)?),
+        Some(m) => Some(m.parse::<MacAddr>().map_err(Error::dataplane)?),
         None => None,
     };
     let ips: Vec<IpNet> = prev
@@ -45,8 +45,8 @@ pub async fn cmd_check(ctx: &Context, workload: &dyn Workload) -> Result<()> {
         .map(|ip| host_prefix(&ip.address))
         .collect();
     if ips.is_empty() {
-        return Err(Error::Dataplane(
-            "prevResult has no addresses for the container interface".into(),
+        return Err(Error::dataplane(
+            "prevResult has no addresses for the container interface",
         ));
     }
     let host_veth = prev
@@ -80,16 +80,16 @@ pub async fn cmd_check(ctx: &Context, workload: &dyn Workload) -> Result<()> {
         .get(&ctx.namespace, &name)
         .await
         .map_err(datastore_err("error getting WorkloadEndpoint"))?
-        .ok_or_else(|| Error::Datastore(format!("WorkloadEndpoint {name} does not exist")))?;
+        .ok_or_else(|| Error::datastore(format!("WorkloadEndpoint {name} does not exist")))?;
     if wep.spec.container_id != req.env.container_id {
-        return Err(Error::Datastore(format!(
+        return Err(Error::datastore(format!(
             "WorkloadEndpoint {name} belongs to container {}, not {}",
             wep.spec.container_id, req.env.container_id
         )));
     }
     for ip in &ips {
         if !wep.spec.ip_networks.contains(&ip.to_string()) {
-            return Err(Error::Datastore(format!(
+            return Err(Error::datastore(format!(
                 "WorkloadEndpoint {name} does not list {ip}"
             )));
         }

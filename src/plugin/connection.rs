@@ -26,11 +26,11 @@ pub async fn test_connection(conf: &NetConf, vars: &HashMap<String, String>) -> 
     .await?;
     let ready = tokio::time::timeout_at(deadline, opened.store.cluster_ready())
         .await
-        .map_err(|_| Error::TryAgainLater("no answer from the datastore within 2s".into()))?
+        .map_err(|_| Error::timed_out("no answer from the datastore within 2s"))?
         .map_err(|e| e.context("error getting ClusterInformation"))?;
     if !ready {
-        return Err(Error::Datastore(
-            "ClusterInformation default is missing or not datastoreReady".into(),
+        return Err(Error::datastore(
+            "ClusterInformation default is missing or not datastoreReady",
         ));
     }
     if !conf.kubernetes.kubeconfig.is_empty() {
@@ -41,7 +41,7 @@ pub async fn test_connection(conf: &NetConf, vars: &HashMap<String, String>) -> 
             client.get_json("error getting /version", "/version"),
         )
         .await
-        .map_err(|_| Error::TryAgainLater("no answer from the API server within 2s".into()))??;
+        .map_err(|_| Error::timed_out("no answer from the API server within 2s"))??;
         tracing::debug!(?version, "the API server answers");
     }
     Ok(())

@@ -206,8 +206,8 @@ impl Context {
     pub async fn ensure_ready(&self) -> Result<()> {
         match self.store().await?.cluster_ready().await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(Error::Datastore(
-                "Calico is currently not ready to process requests".into(),
+            Ok(false) => Err(Error::datastore(
+                "Calico is currently not ready to process requests",
             )),
             Err(e) => Err(e.context("error getting ClusterInformation")),
         }

@@ -165,7 +165,7 @@ pub async fn remove_record(ctx: &Context, found_tx: RecordFound) -> Result<()> {
                 );
             }
             Err(DatastoreError::Conflict(e)) => {
-                return Err(Error::Datastore(format!(
+                return Err(Error::datastore(format!(
                     "error deleting endpoint: endpoint was modified before it could be deleted: {e}"
                 )));
             }

@@ -65,7 +65,7 @@ pub async fn wait_for_gates(gates: &[String], deadline: Instant) -> Result<()> {
                 Some(code) if (200..400).contains(&code) => break,
                 last => {
                     if Instant::now() + POLL >= until {
-                        return Err(Error::TryAgainLater(format!(
+                        return Err(Error::timed_out(format!(
                             "readiness gate {gate} is not ready (last answer: {})",
                             last.map_or("none".to_string(), |c| c.to_string())
                         )));

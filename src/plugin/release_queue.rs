@@ -195,9 +195,7 @@ pub async fn replay(j: &Journal, mut owed: Owed, deadline: Instant) -> Replayed 
             .await
             {
                 Ok(result) => result,
-                Err(_) => Err(Error::TryAgainLater(
-                    "the replay ran out of its budget".into(),
-                )),
+                Err(_) => Err(Error::timed_out("the replay ran out of its budget")),
             }
         }
         Err(e) => Err(e),

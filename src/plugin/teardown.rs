@@ -84,7 +84,7 @@ async fn remove_orphan_veth(ctx: &Context, deadline: tokio::time::Instant) -> Re
         }
         Ok(Ok(false)) => Ok(()),
         Ok(Err(e)) => Err(e.into()),
-        Err(_) => Err(Error::TryAgainLater(format!(
+        Err(_) => Err(Error::timed_out(format!(
             "timed out deleting the host veth {veth}"
         ))),
     }

@@ -44,7 +44,7 @@ impl From<IpamError> for crate::cni::Error {
     fn from(e: IpamError) -> Self {
         match e {
             IpamError::Datastore { what, source } => source.context(&what),
-            other => crate::cni::Error::Ipam(other.to_string()),
+            other => crate::cni::Error::caused(crate::cni::error::Kind::Ipam, "", other),
         }
     }
 }

@@ -124,7 +124,7 @@ impl SelectorLabels for Labels<'_> {
 }
 
 fn timed_out(what: &str) -> Error {
-    Error::TryAgainLater(format!(
+    Error::timed_out(format!(
         "calico-ipam: {what} did not finish before the deadline"
     ))
 }
@@ -261,7 +261,7 @@ pub async fn check(call: &Call, req: &Request) -> Result<()> {
         .collect();
     for ip in wanted {
         if !held.iter().any(|h| h.to_string() == ip) {
-            return Err(Error::Ipam(format!(
+            return Err(Error::ipam(format!(
                 "calico-ipam: {ip} of prevResult is not allocated to handle {handle}"
             )));
         }
@@ -306,7 +306,7 @@ pub async fn gc(call: &Call, req: &Request) -> Result<()> {
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(Error::Ipam(format!(
+        Err(Error::ipam(format!(
             "calico-ipam GC could not release: {}",
             errors.join("; ")
         )))
@@ -341,7 +341,7 @@ pub async fn release_ips(call: &Call, ips: &[IpAddr]) -> Result<()> {
     )
     .await
     .map_err(|_| timed_out("the address release"))?
-    .map_err(|e| Error::Ipam(format!("failed to release ipAddrs: {e}")))?;
+    .map_err(|e| Error::from(e).context("failed to release ipAddrs"))?;
     Ok(())
 }
 

@@ -30,7 +30,7 @@ async fn pod_cidrs(client: &K8sClient, node: &str) -> Result<Vec<String>> {
     let node_obj = client
         .node(node)
         .await?
-        .ok_or_else(|| Error::Kubernetes(format!("node {node} does not exist")))?;
+        .ok_or_else(|| Error::kubernetes(format!("node {node} does not exist")))?;
     let spec = node_obj.spec.unwrap_or_default();
     let mut cidrs = spec.pod_cidrs.unwrap_or_default();
     if cidrs.is_empty()
@@ -50,7 +50,7 @@ async fn read_pod(ctx: &Context, namespace: &str, name: &str) -> Result<Option<P
     }
     let pod = ctx.k8s().await?.pod(namespace, name).await?;
     pod.map(Some)
-        .ok_or_else(|| Error::Kubernetes(format!("pod {namespace}/{name} does not exist")))
+        .ok_or_else(|| Error::kubernetes(format!("pod {namespace}/{name} does not exist")))
 }
 
 /// The namespace, when the policy needs it.
@@ -60,7 +60,7 @@ async fn read_namespace(ctx: &Context, name: &str) -> Result<Option<Namespace>> 
     }
     let ns = ctx.k8s().await?.namespace(name).await?;
     ns.map(Some)
-        .ok_or_else(|| Error::Kubernetes(format!("namespace {name} does not exist")))
+        .ok_or_else(|| Error::kubernetes(format!("namespace {name} does not exist")))
 }
 
 /// The endpoint record a bare pod (no policy k8s: nothing read from the

@@ -7,6 +7,7 @@ use ipnet::IpNet;
 use serde_json::Value;
 
 use super::{AddPlan, Addresses, Plan, Workload};
+use crate::cni::error::Kind;
 use crate::cni::{CniResult, Error, Result};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::datastore::names::sanitize_mesos_label;
@@ -112,8 +113,9 @@ async fn join_existing(ctx: &Context, mut wep: WorkloadEndpoint) -> Result<CniRe
         .ip_networks
         .iter()
         .map(|s| {
-            s.parse::<IpNet>()
-                .map_err(|e| Error::Datastore(format!("bad ipNetworks entry {s:?}: {e}")))
+            s.parse::<IpNet>().map_err(|e| {
+                Error::caused(Kind::Datastore, format!("bad ipNetworks entry {s:?}"), e)
+            })
         })
         .collect::<Result<_>>()?;
     let mut result = endpoint_result(ctx, &wep.spec.interface_name, &wep.spec.mac, &ips, None);
