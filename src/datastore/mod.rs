@@ -22,7 +22,6 @@ pub mod names;
 pub mod open;
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
@@ -400,89 +399,30 @@ impl dyn Store + '_ {
 }
 
 /// `time` as RFC 3339 in UTC with whole seconds, e.g. `2026-11-30T01:02:03Z`.
-pub(crate) fn rfc3339_utc(time: SystemTime) -> String {
+pub fn rfc3339_utc(time: SystemTime) -> String {
     // Times before 1970 do not occur for "now"; clamp rather than fail.
     let secs = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, of_day) = (secs / 86_400, secs % 86_400);
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        of_day / 3600,
-        of_day / 60 % 60,
-        of_day % 60
-    )
+    jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or(i64::MAX))
+        .unwrap_or(jiff::Timestamp::MAX)
+        .to_string()
 }
 
 /// `time` in Go's default format in UTC, as Calico's allocation
 /// timestamps are written: `2026-11-30 01:02:03.123456789 +0000 UTC`
 /// (fractional seconds without trailing zeros, none when whole).
 pub fn go_time_utc(time: SystemTime) -> String {
-    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let rfc = rfc3339_utc(time);
-    let (date, clock) = (&rfc[..10], &rfc[11..19]);
-    let nanos = since.subsec_nanos();
-    if nanos == 0 {
-        return format!("{date} {clock} +0000 UTC");
-    }
-    let fraction = format!("{nanos:09}");
-    format!(
-        "{date} {clock}.{} +0000 UTC",
-        fraction.trim_end_matches('0')
-    )
-}
-
-/// Proleptic Gregorian (year, month, day) of a count of days since
-/// 1970-01-01, computed over 400-year eras of 146097 days.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468; // days since 0000-03-01
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153; // 0 = March
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    (year, month, day)
-}
-
-/// 16 bytes from the kernel's CSPRNG.
-fn random_bytes() -> Result<[u8; 16], DatastoreError> {
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| DatastoreError::Other(format!("reading /dev/urandom: {e}")))?;
-    Ok(bytes)
+    let at = jiff::Timestamp::try_from(time).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    at.strftime("%Y-%m-%d %H:%M:%S%.f +0000 UTC").to_string()
 }
 
 /// A random (version 4) UUID in its hyphenated form.
 pub(crate) fn random_uuid() -> Result<String, DatastoreError> {
-    let mut b = random_bytes()?;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let hex = hex(&b);
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    ))
+    Ok(uuid::Uuid::new_v4().hyphenated().to_string())
 }
 
 /// A random 32-hex-digit identifier (Calico's clusterGUID format).
 pub(crate) fn random_guid() -> Result<String, DatastoreError> {
-    Ok(hex(&random_bytes()?))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(uuid::Uuid::new_v4().simple().to_string())
 }
 
 #[cfg(test)]
