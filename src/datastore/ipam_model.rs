@@ -16,8 +16,8 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::impl_resource;
 use super::model::{API_VERSION, ObjectMeta};
-use super::{EtcdLayout, Kind, Resource};
 
 /// Label: base32 of SHA3-256 of the node name (KDD host lookups use it).
 pub const LABEL_HOSTNAME_HASH: &str = "projectcalico.org/hostname-hash";
@@ -76,20 +76,7 @@ macro_rules! resource {
             }
         }
 
-        impl Resource for $ty {
-            const KIND: &'static Kind = &Kind {
-                name: $kind,
-                plural: $plural,
-                namespaced: false,
-                etcd: EtcdLayout::$etcd,
-            };
-            fn metadata(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn metadata_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
+        impl_resource!($ty, $kind, $plural, namespaced: false, $etcd);
     };
 }
 

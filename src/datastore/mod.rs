@@ -116,6 +116,34 @@ impl Kind {
     }
 }
 
+/// Implements [`Resource`] for a type with a `metadata` field: its
+/// [`Kind`] (v3 name, plural, whether namespaced, etcd layout) and, when
+/// given, the hook run before every write.
+macro_rules! impl_resource {
+    ($ty:ty, $kind:literal, $plural:literal, namespaced: $namespaced:literal, $etcd:ident
+     $(, before_write: $hook:expr)?) => {
+        impl $crate::datastore::Resource for $ty {
+            const KIND: &'static $crate::datastore::Kind = &$crate::datastore::Kind {
+                name: $kind,
+                plural: $plural,
+                namespaced: $namespaced,
+                etcd: $crate::datastore::EtcdLayout::$etcd,
+            };
+            fn metadata(&self) -> &$crate::datastore::model::ObjectMeta {
+                &self.metadata
+            }
+            fn metadata_mut(&mut self) -> &mut $crate::datastore::model::ObjectMeta {
+                &mut self.metadata
+            }
+            $(fn before_write(&mut self) {
+                let hook: fn(&mut Self) = $hook;
+                hook(self)
+            })?
+        }
+    };
+}
+pub(crate) use impl_resource;
+
 /// A stored resource of one kind, with its metadata.
 pub trait Resource: serde::Serialize + serde::de::DeserializeOwned + Send + Sync {
     const KIND: &'static Kind;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{EtcdLayout, Kind, Resource};
+use super::{Resource, impl_resource};
 
 pub const API_VERSION: &str = "projectcalico.org/v3";
 
@@ -81,30 +81,16 @@ impl WorkloadEndpoint {
     }
 }
 
-impl Resource for WorkloadEndpoint {
-    const KIND: &'static Kind = &Kind {
-        name: "WorkloadEndpoint",
-        plural: "workloadendpoints",
-        namespaced: true,
-        etcd: EtcdLayout::V3,
-    };
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    /// Calico forces the namespace and orchestrator labels.
-    fn before_write(&mut self) {
-        self.metadata
-            .labels
-            .insert(LABEL_NAMESPACE.to_string(), self.metadata.namespace.clone());
-        self.metadata.labels.insert(
-            LABEL_ORCHESTRATOR.to_string(),
-            self.spec.orchestrator.clone(),
-        );
-    }
-}
+// Calico forces the namespace and orchestrator labels.
+impl_resource!(WorkloadEndpoint, "WorkloadEndpoint", "workloadendpoints", namespaced: true, V3,
+before_write: |w| {
+    w.metadata
+        .labels
+        .insert(LABEL_NAMESPACE.to_string(), w.metadata.namespace.clone());
+    w.metadata
+        .labels
+        .insert(LABEL_ORCHESTRATOR.to_string(), w.spec.orchestrator.clone());
+});
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
@@ -218,24 +204,9 @@ impl Profile {
     }
 }
 
-impl Resource for Profile {
-    const KIND: &'static Kind = &Kind {
-        name: "Profile",
-        plural: "profiles",
-        namespaced: false,
-        etcd: EtcdLayout::V3,
-    };
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    /// Profiles are cluster-scoped.
-    fn before_write(&mut self) {
-        self.metadata.namespace.clear();
-    }
-}
+// Profiles are cluster-scoped.
+impl_resource!(Profile, "Profile", "profiles", namespaced: false, V3,
+    before_write: |p| p.metadata.namespace.clear());
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
@@ -297,20 +268,7 @@ impl ClusterInformation {
     pub const NAME: &'static str = "default";
 }
 
-impl Resource for ClusterInformation {
-    const KIND: &'static Kind = &Kind {
-        name: "ClusterInformation",
-        plural: "clusterinformations",
-        namespaced: false,
-        etcd: EtcdLayout::V3,
-    };
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+impl_resource!(ClusterInformation, "ClusterInformation", "clusterinformations", namespaced: false, V3);
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

@@ -68,6 +68,32 @@ pub struct Owed {
 }
 
 impl Owed {
+    /// What a DEL of `container_id`'s `ifname` on `network` owes, as it
+    /// failed with `error` now; `vars` are its CNI variables.
+    pub fn new(
+        network: String,
+        container_id: String,
+        ifname: String,
+        config: Value,
+        vars: HashMap<String, String>,
+        error: String,
+    ) -> Owed {
+        Owed {
+            network,
+            container_id,
+            ifname,
+            config,
+            vars,
+            error,
+            attempts: 0,
+            since: now_secs(),
+            last_attempt: 0,
+            next_attempt: 0,
+            dead_reason: None,
+            dead_since: None,
+        }
+    }
+
     /// The entry's file name in its network's directory.
     pub fn file_name(&self) -> String {
         entry_name(&self.container_id, &self.ifname)
@@ -368,20 +394,14 @@ mod tests {
     use super::*;
 
     fn owed(network: &str, cid: &str) -> Owed {
-        Owed {
-            network: network.into(),
-            container_id: cid.into(),
-            ifname: "eth0".into(),
-            config: serde_json::json!({"name": network}),
-            vars: HashMap::new(),
-            error: "datastore down".into(),
-            attempts: 0,
-            since: now_secs(),
-            last_attempt: 0,
-            next_attempt: 0,
-            dead_reason: None,
-            dead_since: None,
-        }
+        Owed::new(
+            network.into(),
+            cid.into(),
+            "eth0".into(),
+            serde_json::json!({"name": network}),
+            HashMap::new(),
+            "datastore down".into(),
+        )
     }
 
     #[test]

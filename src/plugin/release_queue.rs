@@ -125,20 +125,7 @@ pub async fn account(ctx: &Context, queued: bool, result: &Result<()>) {
                 .iter()
                 .filter_map(|k| req.env.vars.get(*k).map(|v| (k.to_string(), v.clone())))
                 .collect();
-            let owed = Owed {
-                network,
-                container_id: cid,
-                ifname,
-                config: req.raw.clone(),
-                vars,
-                error: e.to_string(),
-                attempts: 0,
-                since: now_secs(),
-                last_attempt: 0,
-                next_attempt: 0,
-                dead_reason: None,
-                dead_since: None,
-            };
+            let owed = Owed::new(network, cid, ifname, req.raw.clone(), vars, e.to_string());
             match blocking(move || j.record(owed)).await {
                 Some(Ok(_)) => tracing::warn!("DEL incomplete; what it owes is queued: {e}"),
                 Some(Err(io)) => {

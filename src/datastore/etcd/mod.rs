@@ -68,6 +68,43 @@ fn revision_of(object: &Value, kind: &Kind) -> Result<i64, DatastoreError> {
     })
 }
 
+impl EtcdStore {
+    /// Writes `object` at its key in one transaction when `compare`
+    /// holds: the object as stored (its resourceVersion the revision that
+    /// wrote it), or, when the compare failed, the object and the answer
+    /// (with the key as it is, when `read_back`).
+    async fn put_if(
+        &self,
+        kind: &'static Kind,
+        mut object: Value,
+        compare: Compare,
+        read_back: bool,
+    ) -> Result<Result<Value, (Value, crate::etcd::TxnResponse)>, DatastoreError> {
+        let (key, value) = codec::encode(kind, &object)?;
+        let answer = self
+            .client
+            .txn(&Txn {
+                compare: vec![compare],
+                success: vec![Op::Put(key.clone(), value)],
+                failure: if read_back {
+                    vec![Op::Get(key)]
+                } else {
+                    vec![]
+                },
+            })
+            .await?;
+        if !answer.succeeded {
+            return Ok(Err((object, answer)));
+        }
+        set_meta(
+            &mut object,
+            "resourceVersion",
+            json!(answer.revision.to_string()),
+        )?;
+        Ok(Ok(object))
+    }
+}
+
 #[async_trait::async_trait]
 impl Store for EtcdStore {
     async fn get_object(
@@ -125,63 +162,45 @@ impl Store for EtcdStore {
                 json!(rfc3339_utc(SystemTime::now())),
             )?;
         }
-        let (key, value) = codec::encode(kind, &object)?;
-        let answer = self
-            .client
-            .txn(&Txn {
-                compare: vec![Compare::Version(key.clone(), 0)],
-                success: vec![Op::Put(key.clone(), value)],
-                failure: vec![],
-            })
-            .await?;
-        if !answer.succeeded {
-            return Err(DatastoreError::AlreadyExists(kind.describe(
+        let key = codec::encode(kind, &object)?.0;
+        match self
+            .put_if(kind, object, Compare::Version(key, 0), false)
+            .await?
+        {
+            Ok(stored) => Ok(stored),
+            Err((object, _)) => Err(DatastoreError::AlreadyExists(kind.describe(
                 meta_field(&object, "namespace"),
                 meta_field(&object, "name"),
-            )));
+            ))),
         }
-        set_meta(
-            &mut object,
-            "resourceVersion",
-            json!(answer.revision.to_string()),
-        )?;
-        Ok(object)
     }
 
     async fn update_object(
         &self,
         kind: &'static Kind,
-        mut object: Value,
+        object: Value,
     ) -> Result<Value, DatastoreError> {
         let revision = revision_of(&object, kind)?;
-        let (key, value) = codec::encode(kind, &object)?;
-        let answer = self
-            .client
-            .txn(&Txn {
-                compare: vec![Compare::ModRevision(key.clone(), revision)],
-                success: vec![Op::Put(key.clone(), value)],
-                failure: vec![Op::Get(key.clone())],
-            })
-            .await?;
-        let what = kind.describe(
-            meta_field(&object, "namespace"),
-            meta_field(&object, "name"),
-        );
-        if !answer.succeeded {
-            return Err(match answer.responses.first() {
-                Some(OpResponse::Get(Some(kv))) => DatastoreError::Conflict(format!(
-                    "{what} is at revision {}, not {revision}",
-                    kv.mod_revision
-                )),
-                _ => DatastoreError::NotFound(what),
-            });
+        let key = codec::encode(kind, &object)?.0;
+        match self
+            .put_if(kind, object, Compare::ModRevision(key, revision), true)
+            .await?
+        {
+            Ok(stored) => Ok(stored),
+            Err((object, answer)) => {
+                let what = kind.describe(
+                    meta_field(&object, "namespace"),
+                    meta_field(&object, "name"),
+                );
+                Err(match answer.responses.first() {
+                    Some(OpResponse::Get(Some(kv))) => DatastoreError::Conflict(format!(
+                        "{what} is at revision {}, not {revision}",
+                        kv.mod_revision
+                    )),
+                    _ => DatastoreError::NotFound(what),
+                })
+            }
         }
-        set_meta(
-            &mut object,
-            "resourceVersion",
-            json!(answer.revision.to_string()),
-        )?;
-        Ok(object)
     }
 
     async fn delete_object(

@@ -248,6 +248,19 @@ impl KubernetesStore {
     }
 }
 
+/// Whether objects of `kind` are written through the resource API here:
+/// not WorkloadEndpoints (pods: the endpoint records), not Profiles
+/// (synthesised from namespaces and service accounts).
+fn writable(kind: &Kind) -> Result<(), DatastoreError> {
+    if kind.name == WorkloadEndpoint::KIND.name {
+        return Err(records_elsewhere());
+    }
+    if kind.name == Profile::KIND.name {
+        return Err(read_only(kind));
+    }
+    Ok(())
+}
+
 fn read_only(kind: &Kind) -> DatastoreError {
     DatastoreError::Other(format!(
         "{} objects are read-only in the Kubernetes datastore (use policy type k8s)",
@@ -325,12 +338,7 @@ impl Store for KubernetesStore {
         kind: &'static Kind,
         object: Value,
     ) -> Result<Value, DatastoreError> {
-        if kind.name == WorkloadEndpoint::KIND.name {
-            return Err(records_elsewhere());
-        }
-        if kind.name == Profile::KIND.name {
-            return Err(read_only(kind));
-        }
+        writable(kind)?;
         let namespace = meta_field(&object, "namespace").to_string();
         let name = meta_field(&object, "name").to_string();
         let what = format!("error creating {}", kind.describe(&namespace, &name));
@@ -349,12 +357,7 @@ impl Store for KubernetesStore {
         kind: &'static Kind,
         object: Value,
     ) -> Result<Value, DatastoreError> {
-        if kind.name == WorkloadEndpoint::KIND.name {
-            return Err(records_elsewhere());
-        }
-        if kind.name == Profile::KIND.name {
-            return Err(read_only(kind));
-        }
+        writable(kind)?;
         let namespace = meta_field(&object, "namespace").to_string();
         let name = meta_field(&object, "name").to_string();
         if meta_field(&object, "resourceVersion").is_empty() {
@@ -382,12 +385,7 @@ impl Store for KubernetesStore {
         name: &str,
         precondition: &Precondition,
     ) -> Result<(), DatastoreError> {
-        if kind.name == WorkloadEndpoint::KIND.name {
-            return Err(records_elsewhere());
-        }
-        if kind.name == Profile::KIND.name {
-            return Err(read_only(kind));
-        }
+        writable(kind)?;
         let what = format!("error deleting {}", kind.describe(namespace, name));
         let path = Self::crd_path(kind, namespace, name)?;
         self.client
