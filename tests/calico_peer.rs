@@ -264,6 +264,15 @@ fn results_are_calicos_field_for_field() {
     }
 }
 
+/// The first address of an ADD's result, without its prefix.
+fn first_address(out: &Outcome) -> String {
+    let address = out.json()["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    address.split('/').next().unwrap().to_string()
+}
+
 /// The host-local IPAM of a world: its own range and data directory.
 fn host_local(w: &World) -> Value {
     json!({"type": "host-local", "ranges": [[{"subnet": w.v4(1).to_string()}]],
@@ -413,13 +422,7 @@ fn one_node_two_binaries() {
                         &wl.args(&cid),
                     );
                     assert_eq!(out.code, 0, "{what}: {out:?}");
-                    let ip = out.json()["ips"][0]["address"]
-                        .as_str()
-                        .unwrap()
-                        .split('/')
-                        .next()
-                        .unwrap()
-                        .to_string();
+                    let ip = first_address(&out);
                     assert!(host_link_exists(&wl.host_veth(&cid)), "{what}");
                     let out = run(
                         &w,
@@ -474,13 +477,7 @@ fn one_node_two_binaries() {
                 &wl.args(&a),
             );
             assert_eq!(out.code, 0, "{what}: {out:?}");
-            let ip_a = out.json()["ips"][0]["address"]
-                .as_str()
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap()
-                .to_string();
+            let ip_a = first_address(&out);
             drop(na);
             let out = run(
                 &w,
@@ -494,13 +491,7 @@ fn one_node_two_binaries() {
                 &wl.args(&b),
             );
             assert_eq!(out.code, 0, "{what}: {out:?}");
-            let ip_b = out.json()["ips"][0]["address"]
-                .as_str()
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap()
-                .to_string();
+            let ip_b = first_address(&out);
             assert!(nb.link("eth0").is_some(), "{what}");
             let gone = "/var/run/netns/gone-".to_string() + &a[..8];
             let out = run(
@@ -713,15 +704,7 @@ fn calicoctl_reads_what_we_write() {
                 &args,
             );
             assert_eq!(out.code, 0, "{out:?}");
-            ips.push(
-                out.json()["ips"][0]["address"]
-                    .as_str()
-                    .unwrap()
-                    .split('/')
-                    .next()
-                    .unwrap()
-                    .to_string(),
-            );
+            ips.push(first_address(&out));
             sandboxes.push((cid, netns, args));
         }
         let (cid, netns, args) = &sandboxes[0];

@@ -63,20 +63,11 @@ fn calico_ipam_through_api_server_faults() {
     let ra = run("ADD", "pod-a", &a, &na.path()).assert_ok().json();
     let ip_a = address(&ra, 0).addr();
 
-    let faults: Vec<(&str, Rule)> = vec![
-        ("black-holed", Rule::always(Fault::Hang)),
-        (
-            "2 s per answer",
-            Rule::always(Fault::Delay(Duration::from_secs(2))),
-        ),
-        ("connections reset", Rule::always(Fault::Reset)),
-        ("401", Rule::always(Fault::Status(401))),
-        ("429", Rule::always(Fault::Status(429))),
-        (
-            "409 storm on blocks",
-            Rule::on("PUT", "/ipamblocks/", Fault::Status(409)),
-        ),
-    ];
+    let mut faults = common::faultproxy::common_faults();
+    faults.push((
+        "409 storm on blocks",
+        Rule::on("PUT", "/ipamblocks/", Fault::Status(409)),
+    ));
     for (i, (what, rule)) in faults.into_iter().enumerate() {
         let pod = format!("pod-{i}");
         w.pod(&ns, &pod, json!({}));

@@ -11,7 +11,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::faultproxy::{Fault, FaultProxy, Rule};
 use common::ipam::{Backend, World, address};
@@ -63,20 +63,11 @@ fn calico_ipam_through_etcd_faults() {
             }
         })
     };
-    let faults: Vec<(&str, Rule)> = vec![
-        ("black-holed", Rule::always(Fault::Hang)),
-        (
-            "2 s per answer",
-            Rule::always(Fault::Delay(Duration::from_secs(2))),
-        ),
-        ("connections reset", Rule::always(Fault::Reset)),
-        ("401", Rule::always(Fault::Status(401))),
-        ("429", Rule::always(Fault::Status(429))),
-        (
-            "compare-failure storm on blocks",
-            Rule::on("POST", "/v3/kv/txn", Fault::Before(bump)),
-        ),
-    ];
+    let mut faults = common::faultproxy::common_faults();
+    faults.push((
+        "compare-failure storm on blocks",
+        Rule::on("POST", "/v3/kv/txn", Fault::Before(bump)),
+    ));
     for (what, rule) in faults {
         proxy.push(rule);
         let (netns, cid) = (Netns::new(), container_id());

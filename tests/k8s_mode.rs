@@ -504,13 +504,7 @@ fn use_pod_cidr_takes_the_nodes_pod_cidr_and_custom_routes() {
             .any(|(m, p)| m == "GET" && p.starts_with(&format!("/api/v1/nodes/{}", node.name))),
         "the Node was read"
     );
-    let routes: Vec<String> = ns
-        .ip_json(&["-4", "route"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["dst"].as_str().unwrap().to_string())
-        .collect();
+    let routes: Vec<String> = ns.route_dsts();
     assert!(
         routes.contains(&"10.123.0.0/16".to_string())
             && routes.contains(&"10.124.0.0/16".to_string()),
@@ -762,13 +756,7 @@ fn explicit_ip_from_the_pod_cidr_is_given_again_after_del() {
             .assert_ok()
             .json();
         assert_eq!(pod_ip(&r), format!("{wanted}/32"));
-        let routes: Vec<String> = ns
-            .ip_json(&["-4", "route"])
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["dst"].as_str().unwrap().to_string())
-            .collect();
+        let routes: Vec<String> = ns.route_dsts();
         assert!(
             routes.contains(&"default".to_string())
                 && routes.contains(&"10.123.0.0/16".to_string()),

@@ -72,6 +72,22 @@ pub struct Rule {
     pub fault: Fault,
 }
 
+/// The faults both datastore suites stage on every request, by name: a
+/// black hole, slow answers, reset connections, refused credentials,
+/// throttling. Each suite adds its own contention storm.
+pub fn common_faults() -> Vec<(&'static str, Rule)> {
+    vec![
+        ("black-holed", Rule::always(Fault::Hang)),
+        (
+            "2 s per answer",
+            Rule::always(Fault::Delay(std::time::Duration::from_secs(2))),
+        ),
+        ("connections reset", Rule::always(Fault::Reset)),
+        ("401", Rule::always(Fault::Status(401))),
+        ("429", Rule::always(Fault::Status(429))),
+    ]
+}
+
 impl Rule {
     /// Every request.
     pub fn always(fault: Fault) -> Rule {

@@ -73,6 +73,17 @@ impl Netns {
         full.extend_from_slice(args);
         ip_json_of(&full)
     }
+    /// The destinations of the namespace's IPv4 routes (`default` for the
+    /// default route).
+    pub fn route_dsts(&self) -> Vec<String> {
+        self.ip_json(&["-4", "route"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["dst"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     /// The link called `name` in the namespace (`ip -j link show`, filtered),
     /// `None` when there is none; panics when `ip` fails.
     pub fn link(&self, name: &str) -> Option<Value> {
