@@ -1,5 +1,9 @@
 //! A drop-in replacement for Project Calico's `calico` and `calico-ipam`
 //! CNI plugins.
+//!
+//! `calico-behaviour.md §N` in comments is a section of
+//! `docs/calico-behaviour.md`, the description of Calico's behaviour (what
+//! its binaries do, step by step, with test vectors) this code follows.
 
 pub mod app;
 pub mod cli;

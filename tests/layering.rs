@@ -23,6 +23,30 @@ const RANKS: &[(&str, u32)] = &[
     ("app", 6),
 ];
 
+/// Inside the plugin layer, lowest first: the invocation context and the
+/// leaves beside it; the steps the verbs share; the workload kinds; the
+/// verbs; the release queue that wraps them; the dispatcher (and the verbs'
+/// unit tests). A file of the plugin layer may name
+/// (`crate::plugin::<module>`) only modules of a lower rank, or its own.
+const PLUGIN_RANKS: &[(&str, u32)] = &[
+    ("context", 0),
+    ("journal", 0),
+    ("readiness", 0),
+    ("endpoint", 1),
+    ("rollback", 1),
+    ("teardown", 1),
+    ("workload", 2),
+    ("add", 3),
+    ("check", 3),
+    ("connection", 3),
+    ("del", 3),
+    ("gc", 3),
+    ("status", 3),
+    ("release_queue", 4),
+    ("mod", 5),
+    ("tests", 6),
+];
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -45,12 +69,17 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
 
 /// The modules named as `crate::<name>` in the code (not the comments) of `text`.
 fn named_modules(text: &str) -> Vec<String> {
+    named_after(text, "crate::")
+}
+
+/// The names following `prefix` in the code (not the comments) of `text`.
+fn named_after(text: &str, prefix: &str) -> Vec<String> {
     let mut found = Vec::new();
     for line in text.lines() {
         let code = line.split("//").next().unwrap_or("");
         let mut rest = code;
-        while let Some(at) = rest.find("crate::") {
-            rest = &rest[at + "crate::".len()..];
+        while let Some(at) = rest.find(prefix) {
+            rest = &rest[at + prefix.len()..];
             let name: String = rest
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
@@ -100,6 +129,64 @@ fn no_module_imports_one_above_it() {
     assert!(
         seen > 50,
         "only {seen} crate:: paths found: the scan is broken"
+    );
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// The plugin module a file of src/plugin/ belongs to (`workload` for
+/// everything under src/plugin/workload/).
+fn plugin_module_of(plugin: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(plugin).unwrap();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_str()
+        .unwrap();
+    first.strip_suffix(".rs").unwrap_or(first).to_string()
+}
+
+#[test]
+fn the_plugin_layer_keeps_its_own_order() {
+    let ranks: BTreeMap<&str, u32> = PLUGIN_RANKS.iter().copied().collect();
+    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/plugin");
+    let mut files = Vec::new();
+    rust_files(&plugin, &mut files);
+    let mut violations = Vec::new();
+    let mut seen = 0;
+    for file in &files {
+        let module = plugin_module_of(&plugin, file);
+        let rank = *ranks
+            .get(module.as_str())
+            .unwrap_or_else(|| panic!("plugin module {module} has no rank in tests/layering.rs"));
+        let text = std::fs::read_to_string(file).unwrap();
+        // (`super::` inside src/plugin/workload/ names the same module;
+        // inside a top-level file, its own test module's parent.)
+        for name in named_after(&text, "crate::plugin::") {
+            seen += 1;
+            // A re-export of the dispatcher's (`crate::plugin::cmd_add`) is
+            // the dispatcher's module.
+            let target = if ranks.contains_key(name.as_str()) {
+                name.clone()
+            } else {
+                "mod".to_string()
+            };
+            if target == module {
+                continue;
+            }
+            let target_rank = ranks[target.as_str()];
+            if target_rank >= rank {
+                violations.push(format!(
+                    "{}: plugin::{module} (rank {rank}) uses plugin::{name} (rank {target_rank})",
+                    file.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        seen > 20,
+        "only {seen} crate::plugin:: paths found: the scan is broken"
     );
     assert!(violations.is_empty(), "{}", violations.join("\n"));
 }

@@ -407,7 +407,7 @@ impl NetConf {
             .unwrap_or(1)
     }
 
-    /// Calico's node-name precedence (§3.1): `nodename`, then the whole
+    /// Calico's node-name precedence (calico-behaviour.md §3.1): `nodename`, then the whole
     /// nodename file (not trimmed), then `hostname`, then the OS hostname
     /// trimmed and lower-cased.
     pub fn determine_nodename(&self, os_hostname: impl FnOnce() -> String) -> String {
@@ -443,7 +443,7 @@ impl NetConf {
         })
     }
 
-    /// The MTU for the pod's interfaces (§3.2): the config's `mtu`, else the
+    /// The MTU for the pod's interfaces (calico-behaviour.md §3.2): the config's `mtu`, else the
     /// MTU file's value, else 0 (kernel default). A malformed file is an
     /// error even when `mtu` is set; a missing one only with `require_mtu_file`.
     pub fn resolve_mtu(&self) -> Result<u32> {

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cni::version::SUPPORTED;
 
-/// Spec error codes (CNI spec §Error) and this plugin's own codes (≥ 100).
+/// Spec error codes (CNI spec calico-behaviour.md §Error) and this plugin's own codes (≥ 100).
 pub mod code {
     pub const INCOMPATIBLE_VERSION: u32 = 1;
     pub const UNSUPPORTED_FIELD: u32 = 2;

@@ -1,4 +1,4 @@
-//! Calico's sysctls (§7.2): which keys, with which values, on which side.
+//! Calico's sysctls (calico-behaviour.md §7.2): which keys, with which values, on which side.
 //! Values are written as the bare digit, no newline, like Calico.
 
 use std::io::Write;

@@ -1,5 +1,5 @@
 //! The `projectcalico.org/v3` resources the plugin reads and writes, in
-//! Calico's JSON shape (§6.2). Empty optional fields are omitted on output
+//! Calico's JSON shape (calico-behaviour.md §6.2). Empty optional fields are omitted on output
 //! and default on input, so objects written by Calico itself read back.
 
 use std::collections::BTreeMap;
@@ -178,7 +178,7 @@ impl Default for Profile {
 
 impl Profile {
     /// The profile the plugin creates for network `name` when it does not
-    /// exist (§4.1 step 10): allow all egress; allow all ingress for
+    /// exist (calico-behaviour.md §4.1 step 10): allow all egress; allow all ingress for
     /// Kubernetes, otherwise only from endpoints carrying label `<name>`;
     /// and apply label `<name>: ""` to member endpoints.
     pub fn for_network(name: &str, k8s: bool) -> Profile {

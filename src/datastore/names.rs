@@ -1,5 +1,5 @@
-//! Names derived from workload identity: WorkloadEndpoint names (§5.2),
-//! host-side interface names (§5.3) and Mesos label sanitising (§5.4).
+//! Names derived from workload identity: WorkloadEndpoint names (calico-behaviour.md §5.2),
+//! host-side interface names (calico-behaviour.md §5.3) and Mesos label sanitising (§5.4).
 //!
 //! Everything here is a pure function; callers pass in environment-derived
 //! values (such as `FELIX_INTERFACEPREFIX`) explicitly.

@@ -1,4 +1,4 @@
-//! host-local special-casing (§4.3 steps 3-4, §9.1): the `usePodCidr` /
+//! host-local special-casing (calico-behaviour.md §4.3 steps 3-4, §9.1): the `usePodCidr` /
 //! `usePodCidrIPv6` placeholders replaced by the Node's pod CIDRs (and by
 //! dummy CIDRs for a release), and the container routes a host-local config
 //! asks for. Pure: the caller fetches the Node. The functions work on the
@@ -268,7 +268,7 @@ fn free_block(family: Family, anchors: &[IpAddr], taken: &[IpNet]) -> Option<IpN
     None
 }
 
-/// The container routes for `ipam.type == "host-local"` (§4.3 steps 3-4):
+/// The container routes for `ipam.type == "host-local"` (calico-behaviour.md §4.3 steps 3-4):
 /// every `ipam.routes[].dst` (as its network; the gateway is ignored) or,
 /// when there are none, the default routes for the families present. With
 /// `include_default_routes` the defaults are prepended to custom routes.
@@ -337,7 +337,7 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
-    // -- usePodCidr (§11 item 35) -------------------------------------------
+    // -- usePodCidr (calico-behaviour.md §11 item 35) -------------------------------------------
 
     fn host_local(ipam: Value) -> Value {
         json!({
@@ -617,7 +617,7 @@ mod tests {
         );
     }
 
-    // -- container routes (§4.3 steps 3-4, §11 item 35) ---------------------
+    // -- container routes (calico-behaviour.md §4.3 steps 3-4, §11 item 35) ---------------------
 
     #[test]
     fn no_custom_routes_gives_defaults_for_present_families() {

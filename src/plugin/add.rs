@@ -1,4 +1,4 @@
-//! cmdAdd: the common prelude (§4.1), the workload kind's plan
+//! cmdAdd: the common prelude (calico-behaviour.md §4.1), the workload kind's plan
 //! ([`crate::plugin::workload`]), and the creation of a new endpoint —
 //! addresses, DoNetworking, the record, the profile — every step undone
 //! ([`crate::plugin::rollback`]) if a later one fails.
@@ -16,14 +16,13 @@ use crate::dataplane::routes::{container_routes_for, host_prefix};
 use crate::ipam::{Ipam, Pending};
 use crate::plugin::context::Context;
 use crate::plugin::endpoint::{endpoint_result, ensure_profile, write_record};
-use crate::plugin::inject_fault;
 use crate::plugin::rollback::Undo;
 use crate::plugin::workload::{AddPlan, Addresses, Plan, Workload};
 
 /// cmdAdd.
 pub async fn cmd_add(ctx: &Context, workload: &dyn Workload) -> Result<CniResult> {
     let req = &ctx.req;
-    inject_fault(ctx, "start")?;
+    ctx.inject_fault("start")?;
     // Prelude: everything that can be refused before any state changes.
     req.conf.check_nodename_file()?;
     let mtu = req.conf.resolve_mtu()?;
@@ -184,11 +183,11 @@ async fn create_endpoint(
     ));
     tracing::debug!("endpoint stored");
     crate::fault::kill_point("endpoint");
-    inject_fault(ctx, "endpoint")?;
+    ctx.inject_fault("endpoint")?;
 
     // The network's profile.
     ensure_profile(ctx).await?;
-    inject_fault(ctx, "profile")?;
+    ctx.inject_fault("profile")?;
 
     // Check that the result prints in the config's version before committing.
     let result = endpoint_result(ctx, &host_veth, &mac, &ips, Some(&ipam_result));
@@ -196,7 +195,7 @@ async fn create_endpoint(
     Ok(result)
 }
 
-/// DoNetworking (§7): the interface pair made while `addresses` are
+/// DoNetworking (calico-behaviour.md §7): the interface pair made while `addresses` are
 /// taken (the pair needs none, and an exec'd IPAM runs in its own
 /// process), then, with the addresses as /32 and /128, the rest: sysctls,
 /// links up, container routes and addresses, host routes. Returns the
@@ -224,7 +223,7 @@ async fn do_networking(
     let ipam_result = ipam_result?;
     let prepared = prepared?;
     tracing::debug!("IPAM and veth pair done");
-    inject_fault(ctx, "ipam")?;
+    ctx.inject_fault("ipam")?;
     if ipam_result.ips.is_empty() {
         return Err(Error::ipam(
             "IPAM plugin returned no IP addresses in result",
@@ -244,6 +243,6 @@ async fn do_networking(
     .await
     .map_err(|_| Error::timed_out("timed out setting up the pod network"))??;
     tracing::debug!("networking done");
-    inject_fault(ctx, "networking")?;
+    ctx.inject_fault("networking")?;
     Ok((ipam_result, ips, outcome))
 }

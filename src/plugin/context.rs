@@ -40,7 +40,7 @@ pub struct Context {
     pub req: Request,
     /// The node this plugin runs on.
     pub node: String,
-    /// The workload's identifiers (§5.1), endpoint = CNI_IFNAME.
+    /// The workload's identifiers (calico-behaviour.md §5.1), endpoint = CNI_IFNAME.
     pub ids: WepIdentifiers,
     /// The namespace its WorkloadEndpoint lives in.
     pub namespace: String,
@@ -239,6 +239,31 @@ impl Context {
     /// The IPAM for cleanup that starts now (its own grace budget).
     pub async fn ipam_for_cleanup(&self) -> Result<Arc<dyn Ipam>> {
         Ok(self.ipam().await?.until(self.cleanup_deadline()))
+    }
+
+    /// A test-only fault: fails the ADD right after `step` (or panics at
+    /// `start` for `panic`) when the call's variables ask for it
+    /// (`CALICO_CNI_FAIL_AFTER`; built only with the `fault-injection`
+    /// feature).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_fault(&self, step: &str) -> Result<()> {
+        match self
+            .req
+            .env
+            .vars
+            .get("CALICO_CNI_FAIL_AFTER")
+            .map(String::as_str)
+        {
+            Some("panic") if step == "start" => panic!("injected panic"),
+            Some(s) if s == step => Err(Error::Internal(format!("injected failure after {step}"))),
+            _ => Ok(()),
+        }
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    #[inline(always)]
+    pub fn inject_fault(&self, _step: &str) -> Result<()> {
+        Ok(())
     }
 
     /// Records the workload namespace's labels (read by the Kubernetes

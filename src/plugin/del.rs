@@ -1,4 +1,4 @@
-//! cmdDel (§9.1) and, through the workload kind, CmdDelK8s (§9.2):
+//! cmdDel (calico-behaviour.md §9.1) and, through the workload kind, CmdDelK8s (§9.2):
 //! idempotent; the local part ([`crate::plugin::teardown`]: the interface,
 //! the IPAM release keyed by this container ID) always runs, on a budget of
 //! its own, even when the datastore is unavailable; the record part

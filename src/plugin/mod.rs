@@ -73,28 +73,3 @@ pub async fn dispatch(ctx: &Context) -> Result<Option<CniResult>> {
         Command::Version => unreachable!("VERSION is answered at the edge"),
     }
 }
-
-/// A test-only fault: fails the ADD right after `step` (or panics at
-/// `start` for `panic`) when the environment asks for it (built only with the `fault-injection` feature).
-#[cfg(feature = "fault-injection")]
-pub fn inject_fault(ctx: &Context, step: &str) -> Result<()> {
-    match ctx
-        .req
-        .env
-        .vars
-        .get("CALICO_CNI_FAIL_AFTER")
-        .map(String::as_str)
-    {
-        Some("panic") if step == "start" => panic!("injected panic"),
-        Some(s) if s == step => Err(crate::cni::Error::Internal(format!(
-            "injected failure after {step}"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-#[cfg(not(feature = "fault-injection"))]
-#[inline(always)]
-pub fn inject_fault(_ctx: &Context, _step: &str) -> Result<()> {
-    Ok(())
-}

@@ -1,5 +1,5 @@
-//! The durable release queue (field-problems: addresses leaked and pods
-//! stuck in Terminating when DEL meets a down datastore). It wraps the
+//! The durable release queue (for the addresses leaked and the pods stuck
+//! in Terminating when a DEL meets a down datastore). It wraps the
 //! verbs from the dispatcher: a DEL whose local teardown completed but whose
 //! datastore part (IPAM release, endpoint delete) failed is recorded after
 //! it ([`account`]) in the [`Journal`] and still fails with a retryable
@@ -177,7 +177,7 @@ pub async fn replay(j: &Journal, mut owed: Owed, deadline: Instant) -> Replayed 
             let workload = crate::plugin::workload::of(&queued);
             match tokio::time::timeout_at(
                 deadline,
-                Box::pin(crate::plugin::cmd_del(&queued, workload)),
+                Box::pin(crate::plugin::del::cmd_del(&queued, workload)),
             )
             .await
             {

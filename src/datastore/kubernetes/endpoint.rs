@@ -1,5 +1,5 @@
-//! Pod -> WorkloadEndpoint (§4.3 step 5, §4.6) and the KDD patch body
-//! (§6.1): in the Kubernetes datastore a WorkloadEndpoint is a view of its
+//! Pod -> WorkloadEndpoint (calico-behaviour.md §4.3 step 5, §4.6) and the KDD patch body
+//! (calico-behaviour.md §6.1): in the Kubernetes datastore a WorkloadEndpoint is a view of its
 //! Pod, and recording one is a patch of the pod's annotations.
 
 use serde_json::{Map, Value, json};
@@ -23,7 +23,7 @@ pub const ORCHESTRATOR_K8S: &str = "k8s";
 /// are limited to 63 characters).
 const MAX_SERVICE_ACCOUNT_LABEL_LEN: usize = 63;
 
-/// §4.6: a container port that is named or bound to a host port, with a
+/// calico-behaviour.md §4.6: a container port that is named or bound to a host port, with a
 /// TCP (also for an empty protocol), UDP or SCTP protocol.
 fn endpoint_ports(containers: &[Container]) -> impl Iterator<Item = EndpointPort> + '_ {
     containers
@@ -53,7 +53,7 @@ fn endpoint_ports(containers: &[Container]) -> impl Iterator<Item = EndpointPort
 }
 
 /// The WorkloadEndpoint of a Kubernetes pod on `node` with interface
-/// `endpoint` (§4.3 step 5 and 8): name, namespace, labels (pod labels plus
+/// `endpoint` (calico-behaviour.md §4.3 step 5 and 8): name, namespace, labels (pod labels plus
 /// namespace, orchestrator and service-account labels), generateName, the
 /// pod's annotations, and spec orchestrator/node/pod/endpoint,
 /// serviceAccountName, profiles (`kns.<ns>`, `ksa.<ns>.<sa>`), ports and the
@@ -118,7 +118,7 @@ pub fn endpoint_for_pod(
     wep
 }
 
-/// §6.1: the strategic-merge patch body for the pod's `status` subresource
+/// calico-behaviour.md §6.1: the strategic-merge patch body for the pod's `status` subresource
 /// recording its addresses (`podIP` = the first, `podIPs` = all joined by
 /// `,`) and, when non-empty, the container ID. No addresses -> no
 /// annotations at all.
@@ -196,7 +196,7 @@ mod tests {
             .collect()
     }
 
-    // -- Pod -> WorkloadEndpoint (§4.6, §11 items 14, 15, 33) ----------------
+    // -- Pod -> WorkloadEndpoint (calico-behaviour.md §4.6, §11 items 14, 15, 33) ----------------
 
     #[test]
     fn pod_without_service_account() {
@@ -385,7 +385,7 @@ mod tests {
         assert!(wep.metadata.annotations.is_empty());
     }
 
-    // -- KDD patch body (§6.1, §11 item 39) ---------------------------------
+    // -- KDD patch body (calico-behaviour.md §6.1, §11 item 39) ---------------------------------
 
     #[test]
     fn pod_ip_patch() {

@@ -64,7 +64,7 @@ pub fn node_name(req: &Request) -> String {
     })
 }
 
-/// The full WorkloadEndpoint name must be constructible (§10.1 step 1).
+/// The full WorkloadEndpoint name must be constructible (calico-behaviour.md §10.1 step 1).
 fn check_identifiers(req: &Request, host: &str) -> Result<()> {
     let (orchestrator, pod) = match req.env.args.k8s_pod() {
         Some((_, pod)) => ("k8s", pod.to_string()),

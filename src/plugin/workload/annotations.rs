@@ -1,5 +1,5 @@
-//! Calico's pod and namespace annotation rules for a Kubernetes ADD (§4.3
-//! steps 6-7 and 13-14, §4.5): the pool, address-family, address, MAC,
+//! Calico's pod and namespace annotation rules for a Kubernetes ADD (calico-behaviour.md §4.3
+//! steps 6-7 and 13-14, calico-behaviour.md §4.5): the pool, address-family, address, MAC,
 //! source-prefix and floating-IP annotations, all checked before anything
 //! is allocated. Pure: the caller fetches the Pod and Namespace. Every error
 //! carries the exact message the `calico` plugin reports.
@@ -35,6 +35,57 @@ fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// What a pod's and its namespace's annotations decide for the pod's ADD,
+/// every rule checked before anything is allocated.
+pub struct PodRules {
+    /// Where the addresses come from (ipAddrs, ipAddrsNoIpam, the IPAM).
+    pub source: AddressSource,
+    /// hwAddr.
+    pub container_mac: Option<MacAddr>,
+    /// allowedSourcePrefixes.
+    pub allowed_source_prefixes: Vec<String>,
+    /// floatingIPs (applied once the pod's addresses are known), and
+    /// whether the feature is on.
+    floating: BTreeMap<String, String>,
+    floating_enabled: bool,
+}
+
+impl PodRules {
+    /// The rules of `pod` in `namespace` (both `None` when the policy is
+    /// not `k8s`: nothing was read, no annotation applies) under `conf`;
+    /// with policy `k8s` and calico-ipam, the pool annotations are written
+    /// into `ipam_config`.
+    pub fn read(
+        namespace: Option<&Namespace>,
+        pod: Option<&Pod>,
+        conf: &crate::cni::NetConf,
+        ipam_config: &mut Value,
+    ) -> Result<PodRules, RuleError> {
+        let ns_ann = namespace.map(namespace_annotations).unwrap_or_default();
+        let pod_ann = pod.map(pod_annotations).unwrap_or_default();
+        let ipam_type = conf.ipam.kind.as_str();
+        if conf.k8s_policy() && ipam_type == CALICO_IPAM {
+            apply_pool_annotations(ipam_config, &ns_ann, &pod_ann)?;
+        }
+        let source = address_source(&pod_ann, ipam_type, conf.feature_control.ip_addrs_no_ipam)?;
+        let rules = PodRules {
+            source,
+            container_mac: requested_mac(&pod_ann)?,
+            allowed_source_prefixes: allowed_source_prefixes(&pod_ann)?,
+            floating_enabled: conf.feature_control.floating_ips,
+            floating: pod_ann,
+        };
+        // An unusable floatingIPs annotation fails before any allocation.
+        rules.floating_ips(&[])?;
+        Ok(rules)
+    }
+
+    /// The floatingIPs annotation's NAT mappings for the pod's `ips`.
+    pub fn floating_ips(&self, ips: &[IpNet]) -> Result<Vec<IpNat>, RuleError> {
+        floating_ips(&self.floating, self.floating_enabled, ips)
+    }
+}
+
 /// A Pod's annotations (empty when it has none).
 pub fn pod_annotations(pod: &Pod) -> BTreeMap<String, String> {
     pod.metadata.annotations.clone().unwrap_or_default()
@@ -63,7 +114,7 @@ fn string_list(raw: &str) -> Result<Vec<String>, serde_json::Error> {
     serde_json::from_str::<Option<Vec<String>>>(raw).map(Option::unwrap_or_default)
 }
 
-/// §4.3 step 6 (policy `k8s` with `calico-ipam` only): the
+/// calico-behaviour.md §4.3 step 6 (policy `k8s` with `calico-ipam` only): the
 /// `ipv4pools` / `ipv6pools` / `ipFamilies` annotations of the namespace,
 /// each overridden by the pod's when non-empty, written into the config as
 /// `ipam.ipv4_pools` / `ipam.ipv6_pools` and `ipam.assign_ipv4` /
@@ -128,7 +179,7 @@ pub fn apply_pool_annotations(
     Ok(())
 }
 
-/// Where a pod's addresses come from (§4.3 step 7).
+/// Where a pod's addresses come from (calico-behaviour.md §4.3 step 7).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AddressSource {
     /// No address annotation: run the IPAM plugin.
@@ -176,7 +227,7 @@ fn annotation_ips(raw: &str, annotation: &str) -> Result<Vec<IpAddr>, RuleError>
     Ok(ips)
 }
 
-/// §4.3 step 7: the address source chosen by the pod's `ipAddrs` /
+/// calico-behaviour.md §4.3 step 7: the address source chosen by the pod's `ipAddrs` /
 /// `ipAddrsNoIpam` annotations (an empty value counts as absent), with every
 /// validation of the reference plugin.
 pub fn address_source(
@@ -219,7 +270,7 @@ pub fn address_source(
     }
 }
 
-/// §4.5: the container MAC requested by `cni.projectcalico.org/hwAddr`, if
+/// calico-behaviour.md §4.5: the container MAC requested by `cni.projectcalico.org/hwAddr`, if
 /// the annotation is present.
 pub fn requested_mac(
     pod_annotations: &BTreeMap<String, String>,
@@ -234,7 +285,7 @@ pub fn requested_mac(
     })
 }
 
-/// §4.3 step 13: `cni.projectcalico.org/allowedSourcePrefixes`, each CIDR
+/// calico-behaviour.md §4.3 step 13: `cni.projectcalico.org/allowedSourcePrefixes`, each CIDR
 /// reduced to its network (`1.1.1.5/24` -> `1.1.1.0/24`), in annotation
 /// order. Empty when the annotation is absent.
 pub fn allowed_source_prefixes(
@@ -255,7 +306,7 @@ pub fn allowed_source_prefixes(
         .collect()
 }
 
-/// §4.3 step 14: `cni.projectcalico.org/floatingIPs` as NAT mappings, in
+/// calico-behaviour.md §4.3 step 14: `cni.projectcalico.org/floatingIPs` as NAT mappings, in
 /// annotation order: entries containing `:` map to the pod's IPv6 address,
 /// others to its IPv4 address (entries of a family the pod lacks are
 /// skipped). The annotation needs `feature_control.floating_ips`.
@@ -322,7 +373,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    // -- pool annotations (§4.3 step 6, §11 item 36) ------------------------
+    // -- pool annotations (calico-behaviour.md §4.3 step 6, §11 item 36) ------------------------
 
     fn calico_ipam() -> Value {
         json!({"name": "net", "ipam": {"type": "calico-ipam", "custom": "kept"}})
@@ -427,7 +478,7 @@ mod tests {
         );
     }
 
-    // -- address source (§4.3 step 7, §11 item 39) --------------------------
+    // -- address source (calico-behaviour.md §4.3 step 7, §11 item 39) --------------------------
 
     #[test]
     fn no_address_annotation_uses_ipam() {
@@ -533,7 +584,7 @@ mod tests {
         assert!(got.len() > prefix.len(), "{got}");
     }
 
-    // -- hwAddr (§4.5, §11 item 40) -----------------------------------------
+    // -- hwAddr (calico-behaviour.md §4.5, §11 item 40) -----------------------------------------
 
     #[test]
     fn hw_addr() {
@@ -550,7 +601,7 @@ mod tests {
         );
     }
 
-    // -- allowedSourcePrefixes (§4.3 step 13, §11 item 37) -------------------
+    // -- allowedSourcePrefixes (calico-behaviour.md §4.3 step 13, §11 item 37) -------------------
 
     #[test]
     fn source_prefixes() {
@@ -592,7 +643,7 @@ mod tests {
         );
     }
 
-    // -- floatingIPs (§4.3 step 14, §11 item 38) -----------------------------
+    // -- floatingIPs (calico-behaviour.md §4.3 step 14, §11 item 38) -----------------------------
 
     #[test]
     fn floating_ips_single_stack() {

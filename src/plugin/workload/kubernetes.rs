@@ -1,18 +1,13 @@
 //! A Kubernetes pod (`K8S_POD_NAMESPACE` and `K8S_POD_NAME` in CNI_ARGS):
-//! CmdAddK8s (§4.3) and CmdDelK8s' rule (§9.2). The pod and its namespace
+//! CmdAddK8s (calico-behaviour.md §4.3) and CmdDelK8s' rule (§9.2). The pod and its namespace
 //! come from the API server (read once each, at the same time as the
 //! readiness check), Calico's annotation rules ([`super::annotations`])
 //! shape the IPAM config and the endpoint, and host-local's `usePodCidr`
 //! takes the Node's pod CIDRs.
 
-use std::collections::BTreeMap;
-
 use ipnet::IpNet;
 
-use super::annotations::{
-    AddressSource, address_source, allowed_source_prefixes, apply_pool_annotations, floating_ips,
-    namespace_annotations, pod_annotations, requested_mac,
-};
+use super::annotations::{AddressSource, PodRules};
 use super::{AddPlan, Addresses, Plan, Workload};
 use crate::cni::{Error, Result};
 use crate::dataplane::routes::host_prefix;
@@ -99,7 +94,7 @@ impl Workload for KubernetesPod {
         })
     }
 
-    /// §4.3 steps 3-4: with host-local, its `ipam.routes` (and the
+    /// calico-behaviour.md §4.3 steps 3-4: with host-local, its `ipam.routes` (and the
     /// defaults with `include_default_routes`); otherwise none, meaning the
     /// defaults.
     fn container_routes(&self, ctx: &Context) -> Result<Vec<IpNet>> {
@@ -154,15 +149,14 @@ async fn cmd_add_k8s(ctx: &Context, mtu: u32) -> Result<Plan> {
     // The endpoint: from the pod and its namespace (policy k8s), else bare.
     let endpoint_name = existing.as_ref().map(|w| w.spec.endpoint.clone());
     let endpoint = endpoint_name.as_deref().unwrap_or(&req.env.ifname);
-    let (mut wep, ns_ann, pod_ann) = match (&ns, &pod) {
-        (Some(ns), Some(pod)) => {
-            let wep = endpoint_for_pod(pod, &ctx.node, endpoint, ctx.interface_prefix.as_deref());
-            (wep, namespace_annotations(ns), pod_annotations(pod))
-        }
+    let (mut wep, rules) = match (&ns, &pod) {
+        (Some(ns), Some(pod)) => (
+            endpoint_for_pod(pod, &ctx.node, endpoint, ctx.interface_prefix.as_deref()),
+            PodRules::read(Some(ns), Some(pod), &req.conf, &mut ipam_config)?,
+        ),
         _ => (
             bare_endpoint(ctx, endpoint)?,
-            BTreeMap::new(),
-            BTreeMap::new(),
+            PodRules::read(None, None, &req.conf, &mut ipam_config)?,
         ),
     };
     if let Some(existing) = &existing {
@@ -171,24 +165,10 @@ async fn cmd_add_k8s(ctx: &Context, mtu: u32) -> Result<Plan> {
         wep.metadata.uid = existing.metadata.uid.clone();
     }
     wep.spec.container_id = req.env.container_id.clone();
-
-    // Annotation rules, all checked before anything is allocated.
-    if req.conf.k8s_policy() && ipam_type == "calico-ipam" {
-        apply_pool_annotations(&mut ipam_config, &ns_ann, &pod_ann)?;
-    }
-    let source = address_source(
-        &pod_ann,
-        ipam_type,
-        req.conf.feature_control.ip_addrs_no_ipam,
-    )?;
-    let container_mac = requested_mac(&pod_ann)?;
-    wep.spec.allow_spoofed_source_prefixes = allowed_source_prefixes(&pod_ann)?;
-    let floating_enabled = req.conf.feature_control.floating_ips;
-    // An unusable floatingIPs annotation fails before any allocation.
-    floating_ips(&pod_ann, floating_enabled, &[])?;
-    let finalize_annotations = pod_ann.clone();
+    wep.spec.allow_spoofed_source_prefixes = rules.allowed_source_prefixes.clone();
+    let (source, container_mac) = (rules.source.clone(), rules.container_mac);
     let finalize = Box::new(move |wep: &mut WorkloadEndpoint, ips: &[IpNet]| {
-        wep.spec.ip_nats = floating_ips(&finalize_annotations, floating_enabled, ips)?;
+        wep.spec.ip_nats = rules.floating_ips(ips)?;
         Ok(())
     });
     let addresses = match source {

@@ -1,5 +1,5 @@
 //! A plain CNI container (no Kubernetes pod in CNI_ARGS): cmdAdd's plain
-//! path (§4.2). Its endpoint is named after the container, labelled from
+//! path (calico-behaviour.md §4.2). Its endpoint is named after the container, labelled from
 //! Mesos' `args`, profiled with the network's name; the same container
 //! joining again (a repeat ADD, another network) reuses its endpoint.
 
