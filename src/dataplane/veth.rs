@@ -679,9 +679,10 @@ pub enum CleanupOutcome {
 /// and host routes go with it). A missing netns or link is success.
 ///
 /// The kernel takes most of a DEL's time here (a veth's teardown waits for
-/// RCU grace periods), so the work runs on a dedicated thread inside the pod
-/// netns with a runtime of its own, started at once: the caller's runtime
-/// meanwhile releases the address and updates the datastore.
+/// RCU grace periods, within the request), so the request is made at once
+/// on the blocking pool, from a one-shot thread inside the pod netns: the
+/// caller's runtime meanwhile releases the address and updates the
+/// datastore.
 pub fn clean_up_namespace(
     netns_path: &str,
     ifname: &str,
@@ -689,65 +690,89 @@ pub fn clean_up_namespace(
 ) -> impl std::future::Future<Output = Result<CleanupOutcome, DataplaneError>> + use<> {
     let netns_path = netns_path.to_string();
     let ifname = ifname.to_string();
-    let (tx, rx) = tokio::sync::oneshot::channel();
     let started = if netns_path.is_empty() {
-        let _ = tx.send(Ok(CleanupOutcome::NetnsGone));
-        Ok(())
+        Ok(None)
     } else {
-        match NetNs::open(Path::new(&netns_path)) {
-            Ok(None) => {
-                let _ = tx.send(Ok(CleanupOutcome::NetnsGone));
-                Ok(())
-            }
-            Err(e) => Err(e),
-            Ok(Some(netns)) => {
-                let ifname = ifname.clone();
-                std::thread::Builder::new()
-                    .name("netns-cleanup".into())
-                    .spawn(move || {
-                        let _ = tx.send(
-                            netns
-                                .run(move || delete_in_this_netns(&ifname))
-                                .and_then(|r| r),
-                        );
-                    })
-                    .map(|_| ())
-                    .map_err(|e| {
-                        DataplaneError::Netns(format!(
-                            "failed to start the netns cleanup thread: {e}"
-                        ))
-                    })
-            }
-        }
+        NetNs::open(Path::new(&netns_path)).map(|opened| {
+            opened.map(|netns| {
+                tokio::task::spawn_blocking(move || {
+                    netns.run(move || delete_in_this_netns(&ifname))?
+                })
+            })
+        })
     };
     async move {
-        started?;
-        tokio::time::timeout(remaining(deadline), rx)
+        let Some(task) = started? else {
+            return Ok(CleanupOutcome::NetnsGone);
+        };
+        tokio::time::timeout(remaining(deadline), task)
             .await
             .map_err(|_| {
                 DataplaneError::Timeout(format!("timed out deleting device in netns {netns_path}"))
             })?
-            .map_err(|_| DataplaneError::Netns("the netns cleanup thread died".into()))?
+            .map_err(|_| DataplaneError::Netns("the netns cleanup stopped".into()))?
     }
 }
 
-/// Deletes `ifname` in the calling thread's netns with a runtime of its own.
+/// Deletes `ifname` in the calling thread's netns: one RTM_DELLINK by name
+/// on a synchronous netlink socket made there (the kernel does the work
+/// within the send; this thread needs no runtime of its own).
 fn delete_in_this_netns(ifname: &str) -> Result<CleanupOutcome, DataplaneError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .map_err(|e| {
-            DataplaneError::Netns(format!("failed to start a runtime for netns cleanup: {e}"))
-        })?;
-    rt.block_on(async {
-        let nl = RtNetlink::connect()?;
-        let t = std::time::Instant::now();
-        let deleted = nl.delete_link(ifname).await?;
-        tracing::debug!("kernel delete of {ifname} took {:?}", t.elapsed());
-        Ok(if deleted {
-            CleanupOutcome::Deleted
-        } else {
-            CleanupOutcome::LinkGone
-        })
-    })
+    use rtnetlink::LinkUnspec;
+    use rtnetlink::packet_core::{
+        NLM_F_ACK, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    };
+    use rtnetlink::packet_route::RouteNetlinkMessage;
+    use rtnetlink::sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+    let op = format!("delete link {ifname}");
+    let io = |e: std::io::Error| DataplaneError::Netlink {
+        op: op.clone(),
+        errno: e.raw_os_error().unwrap_or(0),
+        msg: e.to_string(),
+    };
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
+    socket.bind_auto().map_err(io)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    header.sequence_number = 1;
+    let mut request = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(RouteNetlinkMessage::DelLink(
+            LinkUnspec::new_with_name(ifname).build(),
+        )),
+    );
+    request.finalize();
+    let mut bytes = vec![0u8; request.buffer_len()];
+    request.serialize(&mut bytes);
+    let t = std::time::Instant::now();
+    socket.send(&bytes, 0).map_err(io)?;
+    let mut answer = vec![0u8; 8192];
+    let n = socket.recv(&mut &mut answer[..], 0).map_err(io)?;
+    tracing::debug!("kernel delete of {ifname} took {:?}", t.elapsed());
+    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[..n]).map_err(|e| {
+        DataplaneError::Netlink {
+            op: op.clone(),
+            errno: 0,
+            msg: format!("unreadable answer: {e}"),
+        }
+    })?;
+    match reply.payload {
+        NetlinkPayload::Error(e) => match e.code.map(|c| -c.get()) {
+            None => Ok(CleanupOutcome::Deleted),
+            Some(errno) if errno == libc::ENODEV || errno == libc::ENOENT => {
+                Ok(CleanupOutcome::LinkGone)
+            }
+            Some(errno) => Err(DataplaneError::Netlink {
+                op,
+                errno,
+                msg: std::io::Error::from_raw_os_error(errno).to_string(),
+            }),
+        },
+        other => Err(DataplaneError::Netlink {
+            op,
+            errno: 0,
+            msg: format!("unexpected answer: {other:?}"),
+        }),
+    }
 }
