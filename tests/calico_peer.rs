@@ -57,40 +57,49 @@ enum Who {
     Theirs,
 }
 
-/// One binary's `calico` (or `calico-ipam`, with `ipam`), with its own
+/// One binary's `calico` (or its `calico-ipam`, with `ipam`), with its own
 /// calico-ipam first in CNI_PATH.
-#[allow(clippy::too_many_arguments)]
-fn run(
-    w: &World,
-    c: &Calico,
+#[derive(Clone, Copy)]
+struct Binary<'a> {
+    w: &'a World,
+    c: &'a Calico,
     who: Who,
     ipam: bool,
-    command: &str,
-    cid: &str,
-    netns: &str,
-    conf: &Value,
-    cni_args: &str,
-) -> Outcome {
-    let dir = match who {
-        Who::Ours => w.bin.display().to_string(),
-        Who::Theirs => c.dir.display().to_string(),
-    };
-    let binary = match (who, ipam) {
-        (Who::Ours, false) => CALICO.to_string(),
-        (_, true) => format!("{dir}/calico-ipam"),
-        (Who::Theirs, false) => format!("{dir}/calico"),
-    };
-    let mut env: HashMap<String, String> = env_of(&[
-        ("CNI_COMMAND", command),
-        ("CNI_CONTAINERID", cid),
-        ("CNI_NETNS", netns),
-        ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", &format!("{dir}:{CNI_BIN}")),
-    ]);
-    if !cni_args.is_empty() {
-        env.insert("CNI_ARGS".into(), cni_args.into());
+}
+
+/// `who`'s `calico`.
+fn calico<'a>(w: &'a World, c: &'a Calico, who: Who) -> Binary<'a> {
+    Binary {
+        w,
+        c,
+        who,
+        ipam: false,
     }
-    exec(&binary, &env, &conf.to_string())
+}
+
+impl Binary<'_> {
+    fn call(&self, command: &str, cid: &str, netns: &str, conf: &Value, cni_args: &str) -> Outcome {
+        let dir = match self.who {
+            Who::Ours => self.w.bin.display().to_string(),
+            Who::Theirs => self.c.dir.display().to_string(),
+        };
+        let binary = match (self.who, self.ipam) {
+            (Who::Ours, false) => CALICO.to_string(),
+            (_, true) => format!("{dir}/calico-ipam"),
+            (Who::Theirs, false) => format!("{dir}/calico"),
+        };
+        let mut env: HashMap<String, String> = env_of(&[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", &format!("{dir}:{CNI_BIN}")),
+        ]);
+        if !cni_args.is_empty() {
+            env.insert("CNI_ARGS".into(), cni_args.into());
+        }
+        exec(&binary, &env, &conf.to_string())
+    }
 }
 
 /// The config both binaries run with: the world's, with the nodename file
@@ -170,10 +179,11 @@ fn same_answer(
 ) -> Value {
     let mut answers = Vec::new();
     for who in [Who::Theirs, Who::Ours] {
-        let out = run(w, c, who, ipam, "ADD", cid, netns, conf, cni_args);
+        let binary = Binary { w, c, who, ipam };
+        let out = binary.call("ADD", cid, netns, conf, cni_args);
         assert_eq!(out.code, 0, "{what}: {who:?} ADD: {out:?}");
         let result: Value = serde_json::from_str(&out.stdout).unwrap();
-        let out = run(w, c, who, ipam, "DEL", cid, netns, conf, cni_args);
+        let out = binary.call("DEL", cid, netns, conf, cni_args);
         assert_eq!(out.code, 0, "{what}: {who:?} DEL: {out:?}");
         answers.push(result);
     }
@@ -409,48 +419,19 @@ fn one_node_two_binaries() {
                         "{backend:?} {} pod={is_pod} {adder:?} ADD, {deleter:?} DEL",
                         ipam["type"]
                     );
-                    let netns = Netns::new();
-                    let out = run(
-                        &w,
-                        &c,
-                        adder,
-                        false,
-                        "ADD",
-                        &cid,
-                        &netns.path(),
-                        conf,
-                        &wl.args(&cid),
-                    );
+                    let (netns, args) = (Netns::new(), wl.args(&cid));
+                    let (adding, deleting) = (calico(&w, &c, adder), calico(&w, &c, deleter));
+                    let out = adding.call("ADD", &cid, &netns.path(), conf, &args);
                     assert_eq!(out.code, 0, "{what}: {out:?}");
                     let ip = first_address(&out);
                     assert!(host_link_exists(&wl.host_veth(&cid)), "{what}");
-                    let out = run(
-                        &w,
-                        &c,
-                        deleter,
-                        false,
-                        "DEL",
-                        &cid,
-                        &netns.path(),
-                        conf,
-                        &wl.args(&cid),
-                    );
+                    let out = deleting.call("DEL", &cid, &netns.path(), conf, &args);
                     assert_eq!(out.code, 0, "{what}: {out:?}");
                     let left = leftovers(&w, &wl, &cid, &ip);
                     assert!(left.is_empty(), "{what}: left {left:?}");
                     assert!(netns.link("eth0").is_none(), "{what}");
                     // The other binary's DEL again: nothing to do, success.
-                    let out = run(
-                        &w,
-                        &c,
-                        adder,
-                        false,
-                        "DEL",
-                        &cid,
-                        &netns.path(),
-                        conf,
-                        &wl.args(&cid),
-                    );
+                    let out = adding.call("DEL", &cid, &netns.path(), conf, &args);
                     assert_eq!(out.code, 0, "{what}: repeated DEL {out:?}");
                 }
             }
@@ -465,46 +446,16 @@ fn one_node_two_binaries() {
             };
             w.pod(&ns, &wl.pod, json!({}));
             let (na, nb) = (Netns::new(), Netns::new());
-            let out = run(
-                &w,
-                &c,
-                Who::Theirs,
-                false,
-                "ADD",
-                &a,
-                &na.path(),
-                &k8s,
-                &wl.args(&a),
-            );
+            let out = calico(&w, &c, Who::Theirs).call("ADD", &a, &na.path(), &k8s, &wl.args(&a));
             assert_eq!(out.code, 0, "{what}: {out:?}");
             let ip_a = first_address(&out);
             drop(na);
-            let out = run(
-                &w,
-                &c,
-                Who::Ours,
-                false,
-                "ADD",
-                &b,
-                &nb.path(),
-                &k8s,
-                &wl.args(&b),
-            );
+            let out = calico(&w, &c, Who::Ours).call("ADD", &b, &nb.path(), &k8s, &wl.args(&b));
             assert_eq!(out.code, 0, "{what}: {out:?}");
             let ip_b = first_address(&out);
             assert!(nb.link("eth0").is_some(), "{what}");
             let gone = "/var/run/netns/gone-".to_string() + &a[..8];
-            let out = run(
-                &w,
-                &c,
-                Who::Ours,
-                false,
-                "DEL",
-                &a,
-                &gone,
-                &k8s,
-                &wl.args(&a),
-            );
+            let out = calico(&w, &c, Who::Ours).call("DEL", &a, &gone, &k8s, &wl.args(&a));
             assert_eq!(out.code, 0, "{what}: A's DEL {out:?}");
             // B is untouched by A's DEL.
             assert!(
@@ -526,17 +477,7 @@ fn one_node_two_binaries() {
                     "{what}: A's handle"
                 );
             }
-            let out = run(
-                &w,
-                &c,
-                Who::Ours,
-                false,
-                "DEL",
-                &b,
-                &nb.path(),
-                &k8s,
-                &wl.args(&b),
-            );
+            let out = calico(&w, &c, Who::Ours).call("DEL", &b, &nb.path(), &k8s, &wl.args(&b));
             assert_eq!(out.code, 0, "{what}: B's DEL {out:?}");
             for (cid, ip) in [(&a, &ip_a), (&b, &ip_b)] {
                 let left = leftovers(&w, &wl, cid, ip);
@@ -643,7 +584,7 @@ fn calicoctl_reads_what_we_write() {
         let args = k8s_args(&ns, &pod, &cid);
         let mut seen = Vec::new();
         for who in [Who::Theirs, Who::Ours] {
-            let out = run(&w, &c, who, false, "ADD", &cid, &netns.path(), &k8s, &args);
+            let out = calico(&w, &c, who).call("ADD", &cid, &netns.path(), &k8s, &args);
             assert_eq!(out.code, 0, "{backend:?} {who:?}: {out:?}");
             let json_list = calicoctl(
                 &w,
@@ -670,7 +611,7 @@ fn calicoctl_reads_what_we_write() {
                 assert_eq!(manager, Some(json!("calico")), "{who:?}: {fields:#}");
             }
             seen.push(list);
-            let out = run(&w, &c, who, false, "DEL", &cid, &netns.path(), &k8s, &args);
+            let out = calico(&w, &c, who).call("DEL", &cid, &netns.path(), &k8s, &args);
             assert_eq!(out.code, 0, "{backend:?} {who:?}: {out:?}");
         }
         assert_eq!(
@@ -692,33 +633,13 @@ fn calicoctl_reads_what_we_write() {
             w.pod(&ns, &pod, json!({}));
             let netns = Netns::new();
             let args = k8s_args(&ns, &pod, &cid);
-            let out = run(
-                &w,
-                &c,
-                Who::Ours,
-                false,
-                "ADD",
-                &cid,
-                &netns.path(),
-                &k8s,
-                &args,
-            );
+            let out = calico(&w, &c, Who::Ours).call("ADD", &cid, &netns.path(), &k8s, &args);
             assert_eq!(out.code, 0, "{out:?}");
             ips.push(first_address(&out));
             sandboxes.push((cid, netns, args));
         }
         let (cid, netns, args) = &sandboxes[0];
-        let out = run(
-            &w,
-            &c,
-            Who::Ours,
-            false,
-            "DEL",
-            cid,
-            &netns.path(),
-            &k8s,
-            args,
-        );
+        let out = calico(&w, &c, Who::Ours).call("DEL", cid, &netns.path(), &k8s, args);
         assert_eq!(out.code, 0, "{out:?}");
         let (lost, _, _) = &sandboxes[1];
         live.push(sandboxes[2].0.clone());
@@ -727,7 +648,7 @@ fn calicoctl_reads_what_we_write() {
         gc["cniVersion"] = json!("1.1.0");
         gc["cni.dev/valid-attachments"] =
             json!([{"containerID": sandboxes[2].0, "ifname": "eth0"}]);
-        let out = run(&w, &c, Who::Ours, false, "GC", "", "", &gc, "");
+        let out = calico(&w, &c, Who::Ours).call("GC", "", "", &gc, "");
         assert_eq!(out.code, 0, "{out:?}");
         assert!(w.handle(&format!("net1.{lost}")).is_none());
         // The pod that outlived its sandbox no longer claims the address.
@@ -775,17 +696,7 @@ fn calicoctl_reads_what_we_write() {
         assert!(report.contains("Check complete"), "{report}");
 
         let (cid, netns, args) = &sandboxes[2];
-        let out = run(
-            &w,
-            &c,
-            Who::Ours,
-            false,
-            "DEL",
-            cid,
-            &netns.path(),
-            &k8s,
-            args,
-        );
+        let out = calico(&w, &c, Who::Ours).call("DEL", cid, &netns.path(), &k8s, args);
         assert_eq!(out.code, 0, "{out:?}");
         assert!(
             w.allocations().is_empty(),

@@ -2,7 +2,9 @@
 scripts/walk/trace.py recorded (one JSON line per call of one of our
 functions: caller's file, callee's file, callee), in order: first the
 orchestration (the calls the process edge and the plugin layer make, each
-call into another layer one stay there), then every call.
+call into another layer one stay there), the same reading each function
+only the first time it is called (a reader who has read `ctx.deadline()`
+once does not open it again), then every call.
 
 The reader starts in src/main.rs. For each call: if it is made from
 another file than the one being read, the reader goes back there (a
@@ -57,11 +59,19 @@ def tier(path):
 ORCHESTRATION = ("src/main.rs", "src/app", "src/plugin")
 
 
-def walk(calls, title):
+def walk(calls, title, once=False):
     pos = "src/main.rs"
     stays, climbs = 1, []
     entered = Counter({pos: 1})
+    read, followed = set(), 0
     for caller, callee, name in calls:
+        if once:
+            # A function already read is not read again: the reader knows
+            # what it does and stays where they are.
+            if name in read:
+                continue
+            read.add(name)
+        followed += 1
         caller = caller or pos
         if caller != pos:
             # Back to the caller's file (a return): a stay, not an entry.
@@ -74,7 +84,7 @@ def walk(calls, title):
             stays += 1
             entered[pos] += 1
     print(f"== {title}")
-    print(f"calls followed: {len(calls)}")
+    print(f"calls followed: {followed}")
     print(f"stays: {stays} in {len(entered)} files")
     print(f"climbs back up: {len(climbs)}")
     for c in climbs:
@@ -92,6 +102,8 @@ def main(path):
     # stay there; what that layer does inside is its own business).
     top = [c for c in calls if (c[0] or "src/main.rs").startswith(ORCHESTRATION)]
     walk(top, "the orchestration (calls made from src/main.rs, src/app, src/plugin)")
+    print()
+    walk(top, "the orchestration, each function read once", once=True)
     print()
     walk(calls, "every call of our functions")
 
