@@ -94,9 +94,7 @@ impl Endpoints for StoredEndpoints {
         namespace: &str,
         ids: &WepIdentifiers,
     ) -> Result<Option<WorkloadEndpoint>, DatastoreError> {
-        let prefix = ids
-            .lookup_prefix()
-            .map_err(|e| DatastoreError::Other(e.to_string()))?;
+        let prefix = ids.lookup_prefix()?;
         Ok(self
             .store
             .list::<WorkloadEndpoint>(namespace, &ListFilter::NamePrefix(prefix))

@@ -153,7 +153,11 @@ pub trait Resource: serde::Serialize + serde::de::DeserializeOwned + Send + Sync
     fn before_write(&mut self) {}
 }
 
-#[derive(Debug, Clone, thiserror::Error)]
+/// A datastore operation's failure. The outcomes a caller acts on (not
+/// found, already there, a compare-and-swap lost) are variants of their
+/// own whatever the backend; any other failure of a remote backend keeps
+/// that backend's typed error as it came.
+#[derive(Debug, thiserror::Error)]
 pub enum DatastoreError {
     #[error("resource does not exist: {0}")]
     NotFound(String),
@@ -161,14 +165,19 @@ pub enum DatastoreError {
     AlreadyExists(String),
     #[error("update conflict: {0}")]
     Conflict(String),
+    /// The embedded store cannot be used (busy, unreadable, disk full).
     #[error("datastore unavailable: {0}")]
     Unavailable(String),
-    /// The deadline passed, or the datastore did not answer in time.
-    #[error("{0}")]
-    Timeout(String),
-    /// The datastore rejected the credentials.
-    #[error("{0}")]
-    Unauthorized(String),
+    /// The etcd cluster's failure (unreachable, timed out, credentials
+    /// refused, any other answer).
+    #[error(transparent)]
+    Etcd(#[from] crate::etcd::EtcdError),
+    /// The API server's failure other than a conflict.
+    #[error(transparent)]
+    Kubernetes(crate::k8s::K8sError),
+    /// A record name that does not parse or cannot be made.
+    #[error(transparent)]
+    Name(#[from] names::NameError),
     #[error("{0}")]
     Other(String),
 }
@@ -185,9 +194,13 @@ impl DatastoreError {
     /// Which kind of failure this is for the CNI edge.
     pub fn kind(&self) -> crate::cni::error::Kind {
         use crate::cni::error::Kind;
+        use crate::etcd::EtcdError;
+        use crate::k8s::K8sError;
         match self {
-            DatastoreError::Timeout(_) => Kind::TimedOut,
-            DatastoreError::Unauthorized(_) => Kind::Unauthorized,
+            DatastoreError::Etcd(EtcdError::Timeout(_))
+            | DatastoreError::Kubernetes(K8sError::Timeout(_)) => Kind::TimedOut,
+            DatastoreError::Etcd(EtcdError::Unauthorized(_))
+            | DatastoreError::Kubernetes(K8sError::Unauthorized(_)) => Kind::Unauthorized,
             _ => Kind::Datastore,
         }
     }
@@ -496,10 +509,12 @@ mod tests {
         let e: crate::cni::Error = DatastoreError::NotFound("Profile(net1)".into()).into();
         assert_eq!(e.code(), crate::cni::error::code::DATASTORE);
         assert_eq!(e.to_string(), "resource does not exist: Profile(net1)");
-        let e = DatastoreError::Timeout("no answer".into()).context("error getting X");
+        let e = DatastoreError::Etcd(crate::etcd::EtcdError::Timeout("no answer".into()))
+            .context("error getting X");
         assert_eq!(e.code(), crate::cni::error::code::TRY_AGAIN_LATER);
         assert_eq!(e.to_string(), "error getting X: no answer");
-        let e = DatastoreError::Unauthorized("rejected".into()).context("error getting X");
+        let e = DatastoreError::Kubernetes(crate::k8s::K8sError::Unauthorized("rejected".into()))
+            .context("error getting X");
         assert_eq!(e.code(), crate::cni::error::code::UNAUTHORIZED);
         let e = DatastoreError::Conflict("WorkloadEndpoint(a/b)".into()).context("error updating");
         assert_eq!(e.code(), crate::cni::error::code::DATASTORE);

@@ -13,18 +13,7 @@ use tokio::time::Instant;
 use super::{
     DatastoreError, Kind, ListFilter, Precondition, Store, meta_field, random_uuid, rfc3339_utc,
 };
-use crate::etcd::{Compare, EtcdClient, EtcdError, Op, OpResponse, Txn};
-
-impl From<EtcdError> for DatastoreError {
-    fn from(e: EtcdError) -> Self {
-        match e {
-            EtcdError::Unavailable(m) => DatastoreError::Unavailable(m),
-            EtcdError::Timeout(m) => DatastoreError::Timeout(m),
-            EtcdError::Unauthorized(m) => DatastoreError::Unauthorized(m),
-            EtcdError::Config(m) | EtcdError::Server(m) => DatastoreError::Other(m),
-        }
-    }
-}
+use crate::etcd::{Compare, EtcdClient, Op, OpResponse, Txn};
 
 /// Calico's objects on an etcd v3 cluster.
 pub struct EtcdStore {

@@ -42,14 +42,13 @@ pub struct KubernetesStore {
 }
 
 impl From<K8sError> for DatastoreError {
+    /// A conflict is the outcome callers act on; the rest is kept as the
+    /// API server's failure.
     fn from(e: K8sError) -> Self {
         match e {
-            K8sError::Timeout(m) => DatastoreError::Timeout(m),
-            K8sError::Unauthorized(m) => DatastoreError::Unauthorized(m),
             K8sError::Conflict(m) => DatastoreError::Conflict(m),
             K8sError::AlreadyExists(m) => DatastoreError::AlreadyExists(m),
-            K8sError::Config(m) => DatastoreError::Other(m),
-            K8sError::Api(m) => DatastoreError::Unavailable(m),
+            e => DatastoreError::Kubernetes(e),
         }
     }
 }
@@ -107,7 +106,7 @@ impl KubernetesStore {
 
     /// The pod a WorkloadEndpoint name (or name prefix) refers to.
     fn pod_of(name: &str) -> Result<WepIdentifiers, DatastoreError> {
-        let ids = WepIdentifiers::parse(name).map_err(|e| DatastoreError::Other(e.to_string()))?;
+        let ids = WepIdentifiers::parse(name)?;
         if ids.orchestrator != "k8s" || ids.pod.is_empty() {
             return Err(DatastoreError::Other(format!(
                 "insufficient identifiers: {name:?} names no Kubernetes pod"
@@ -435,9 +434,7 @@ impl Endpoints for KubernetesStore {
         namespace: &str,
         ids: &WepIdentifiers,
     ) -> Result<Option<WorkloadEndpoint>, DatastoreError> {
-        let prefix = ids
-            .lookup_prefix()
-            .map_err(|e| DatastoreError::Other(e.to_string()))?;
+        let prefix = ids.lookup_prefix()?;
         let pod_ids = Self::pod_of(&prefix)?;
         let Some(pod) = self.client.pod_once(namespace, &pod_ids.pod).await? else {
             return Ok(None);
