@@ -4,7 +4,8 @@
 //! a runtime's `kill -9` does mid-call), so that tests can prove that what
 //! a runtime does next leaks nothing. Without the feature, nothing.
 //!
-//! ADD steps: `ipam` (addresses allocated), `veth` (the pair created),
+//! ADD steps: `ipam-handle` (calico-ipam's handle written, its block not
+//! yet), `ipam` (addresses allocated), `veth` (the pair created),
 //! `addresses` (container routes and addresses set), `host-routes`,
 //! `endpoint` (the record written). DEL steps: `del-netns` (the pod's
 //! interface gone), `del-ipam` (addresses released), `del-endpoint` (the

@@ -536,6 +536,7 @@ impl<'a> Allocator<'a> {
                 return Ok(Vec::new());
             }
             self.increment_handle(req.handle, cidr, got.len()).await?;
+            crate::fault::kill_point("ipam-handle");
             match self.put_block(&mut blk).await {
                 Ok(_) => return Ok(got.into_iter().map(|ip| with_prefix(ip, cidr)).collect()),
                 Err(e) => {
@@ -877,6 +878,53 @@ impl<'a> Allocator<'a> {
     /// allocation's `node` attribute) whose ID starts with `prefix`.
     pub async fn host_handles(&self, prefix: &str) -> Result<BTreeSet<String>, IpamError> {
         Ok(self.host_handle_pods(prefix).await?.into_keys().collect())
+    }
+
+    /// The handles whose ID starts with `prefix` that hold no address in
+    /// any block although they count some in blocks affine to this host
+    /// (every block they name exists and is this host's): what an ADD
+    /// killed between writing its handle and writing the block's
+    /// allocation leaves (Calico's order: handle first, then block). Only
+    /// this host's blocks, as only this host's calls — serialized by the
+    /// IPAM lock — allocate from them save a rare borrower.
+    pub async fn orphan_host_handles(&self, prefix: &str) -> Result<BTreeSet<String>, IpamError> {
+        let blocks = self
+            .store
+            .list::<IpamBlock>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IPAM blocks"))?;
+        let handles = self
+            .store
+            .list::<IpamHandle>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IPAM handles"))?;
+        let live: Vec<&IpamBlock> = blocks.iter().filter(|b| !b.spec.deleted).collect();
+        let holding: HashSet<&str> = live
+            .iter()
+            .flat_map(|b| {
+                b.spec
+                    .allocations
+                    .iter()
+                    .flatten()
+                    .filter_map(|i| b.spec.attributes.get(*i))
+                    .filter_map(|a| a.handle_id.as_deref())
+            })
+            .collect();
+        let ours = self.affinity_value();
+        let affine: HashSet<&str> = live
+            .iter()
+            .filter(|b| b.spec.affinity.as_deref() == Some(ours.as_str()))
+            .map(|b| b.spec.cidr.as_str())
+            .collect();
+        Ok(handles
+            .iter()
+            .filter(|h| !h.spec.deleted && h.spec.handle_id.starts_with(prefix))
+            .filter(|h| !holding.contains(h.spec.handle_id.as_str()))
+            .filter(|h| {
+                !h.spec.block.is_empty() && h.spec.block.keys().all(|c| affine.contains(c.as_str()))
+            })
+            .map(|h| h.spec.handle_id.clone())
+            .collect())
     }
 
     /// [`Allocator::host_handles`], each with the pod (namespace, name) its

@@ -17,7 +17,14 @@ pub const DEFAULT_LOCK_FILE: &str = "/var/run/calico/ipam.lock";
 /// A held lock; released when dropped (the file closes).
 #[derive(Debug)]
 pub struct HostLock {
-    _held: Option<Flock<File>>,
+    held: Option<Flock<File>>,
+}
+
+impl HostLock {
+    /// Whether the lock is really held (not gone on without it).
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
 }
 
 /// The lock file of a config (`""` = the default).
@@ -63,7 +70,7 @@ pub async fn acquire(path: &Path, deadline: Instant) -> HostLock {
     let outcome: std::result::Result<(), String> = match spawned {
         Err(e) => Err(e.to_string()),
         Ok(_) => match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Ok(held))) => return HostLock { _held: Some(held) },
+            Ok(Ok(Ok(held))) => return HostLock { held: Some(held) },
             Ok(Ok(Err(e))) => Err(e.to_string()),
             Ok(Err(_)) => Err("the waiting thread ended".to_string()),
             Err(_) => Err("not free before the deadline".to_string()),
@@ -72,5 +79,5 @@ pub async fn acquire(path: &Path, deadline: Instant) -> HostLock {
     if let Err(why) = outcome {
         tracing::warn!(path = %path.display(), "IPAM host lock: {why}; going on without it");
     }
-    HostLock { _held: None }
+    HostLock { held: None }
 }

@@ -285,8 +285,14 @@ pub async fn gc(call: &Call, req: &Request) -> Result<()> {
     let allocator = Allocator::new(call.store.as_ref(), &call.host);
     let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
     let work = async {
-        let _lock = lock::acquire(&lock_file, call.deadline).await;
-        let handles = allocator.host_handles(&prefix).await?;
+        let lock = lock::acquire(&lock_file, call.deadline).await;
+        let mut handles = allocator.host_handles(&prefix).await?;
+        // With the lock held no call of this host is between its handle
+        // and its block write: a handle holding nothing was left by a
+        // killed ADD. (Without the lock, one may be in flight.)
+        if lock.is_held() {
+            handles.extend(allocator.orphan_host_handles(&prefix).await?);
+        }
         let mut errors = Vec::new();
         for handle in handles {
             let cid = &handle[prefix.len()..];
