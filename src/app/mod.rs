@@ -86,6 +86,16 @@ impl Exit {
     }
 }
 
+impl From<crate::cli::Outcome> for Exit {
+    fn from(outcome: crate::cli::Outcome) -> Exit {
+        Exit {
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
+            code: outcome.code,
+        }
+    }
+}
+
 /// The config's version as an error reply should be labelled.
 fn reply_version(stdin: &[u8]) -> String {
     serde_json::from_slice::<Value>(stdin)
@@ -103,6 +113,11 @@ fn reply_version(stdin: &[u8]) -> String {
 /// the config stream (read only when a verb needs it).
 pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read) -> Exit {
     let argv0 = args.first().map(String::as_str).unwrap_or("calico");
+    // Calico's CNI image runs its installer as /opt/cni/bin/install: this
+    // executable under that name is `calico install`.
+    if Path::new(argv0).file_name().is_some_and(|n| n == "install") {
+        return crate::cli::install::run(args.get(1..).unwrap_or_default(), &vars, true).into();
+    }
     let personality = match Personality::from_argv0(argv0) {
         Ok(p) => p,
         Err(e) => {
@@ -137,16 +152,14 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
     // set) every argument after the flags is ignored, as Calico's binary
     // ignores it.
     let operator = !vars.contains_key("CNI_COMMAND") && args.get(1) == flags.rest.first();
-    if personality == Personality::Calico
-        && operator
-        && flags.rest.first().is_some_and(|a| a == "ipam")
-    {
-        let outcome = crate::cli::run(&flags.rest[1..], &vars);
-        return Exit {
-            stdout: outcome.stdout,
-            stderr: outcome.stderr,
-            code: outcome.code,
-        };
+    if personality == Personality::Calico && operator {
+        match flags.rest.first().map(String::as_str) {
+            Some("ipam") => return crate::cli::run(&flags.rest[1..], &vars).into(),
+            Some("install") => {
+                return crate::cli::install::run(&flags.rest[1..], &vars, false).into();
+            }
+            _ => {}
+        }
     }
     if flags.test_connection {
         return test_connection(stdin, &vars);

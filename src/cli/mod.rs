@@ -7,6 +7,7 @@
 //! Output goes to stdout; a failure is one line on stderr and exit 1 (and
 //! nothing on stdout); bad usage prints the usage to stderr, exit 2.
 
+pub mod install;
 pub mod netconf;
 pub mod pool;
 pub mod queue;

@@ -1,0 +1,145 @@
+//! `calico install --watch` (and `SLEEP=true`): stays up after the install
+//! and keeps what it wrote fresh. The CNI kubeconfig's token is renewed
+//! (TokenRequest) once a quarter of its remaining life has passed, plus a
+//! random part of as much again so that nodes spread out (calico-node's
+//! rule; `CNI_TOKEN_REFRESH_INTERVAL` sets the interval instead); a failed
+//! renewal is retried every 5 s. The network config is re-rendered (and
+//! the etcd TLS files copied again) when the template file, calico-node's
+//! MTU file or the TLS files change: they are looked at every second.
+//! Every file is replaced atomically, so a plugin call in between reads
+//! the old or the new one.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::kubeconfig::Token;
+use super::{DEADLINE, InstallError, Installed, Settings, TLS_FILES};
+
+/// How often the inputs of the network config are looked at.
+const POLL: Duration = Duration::from_secs(1);
+
+/// The shortest wait before a renewal (and the retry after a failure).
+const MIN_RENEWAL: Duration = Duration::from_secs(5);
+
+/// What the network config and the TLS copies are made from, as bytes:
+/// a change is a difference.
+fn inputs(settings: &Settings) -> Vec<Option<Vec<u8>>> {
+    let mut paths = vec![settings.mtu_file.clone()];
+    paths.extend(settings.template_file.clone());
+    paths.extend(TLS_FILES.iter().map(|f| settings.tls_assets_dir.join(f)));
+    paths.iter().map(|p| std::fs::read(p).ok()).collect()
+}
+
+/// A number in [0, 1) that differs between processes and calls.
+fn jitter() -> f64 {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    let mixed =
+        u64::from(nanos).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id());
+    (mixed >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// When to renew `token`.
+pub fn renewal_in(settings: &Settings, token: &Token) -> Duration {
+    if let Some(every) = settings.refresh_interval {
+        return every.max(Duration::from_millis(100));
+    }
+    let left = token
+        .expires
+        .and_then(|e| e.duration_since(SystemTime::now()).ok())
+        .unwrap_or(Duration::from_secs(4 * 3600));
+    if left < MIN_RENEWAL * 4 {
+        return MIN_RENEWAL;
+    }
+    let quarter = left / 4;
+    quarter + quarter.mul_f64(jitter())
+}
+
+/// Runs until the process is stopped (or a file cannot be written).
+pub async fn watch(settings: &Settings, installed: Installed) -> Result<(), InstallError> {
+    let mut seen = inputs(settings);
+    let mut renew_at = installed
+        .token
+        .as_ref()
+        .map(|t| Instant::now() + renewal_in(settings, t));
+    loop {
+        tokio::time::sleep(POLL).await;
+        let now = inputs(settings);
+        if now != seen {
+            let mut done = Installed::default();
+            super::copy_tls_files(settings, &mut done)?;
+            match super::write_conflist(settings, &mut done) {
+                Ok(()) => seen = now,
+                // A half-edited template: kept as it was until it parses.
+                Err(InstallError::Config(e)) => {
+                    tracing::warn!("network config not re-rendered: {e}");
+                    seen = now;
+                }
+                Err(e) => return Err(e),
+            }
+            report(&done);
+        }
+        let (Some(at), Some(cluster)) = (renew_at, &settings.in_cluster) else {
+            continue;
+        };
+        if Instant::now() < at {
+            continue;
+        }
+        match cluster.mint(Instant::now() + DEADLINE).await {
+            Ok(token) => {
+                let mut done = Installed::default();
+                super::write_kubeconfig(settings, &token, &mut done)?;
+                report(&done);
+                renew_at = Some(Instant::now() + renewal_in(settings, &token));
+            }
+            Err(e) => {
+                tracing::warn!("token not renewed, retrying in 5 s: {e}");
+                renew_at = Some(Instant::now() + MIN_RENEWAL);
+            }
+        }
+    }
+}
+
+fn report(done: &Installed) {
+    for line in &done.lines {
+        println!("{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_comes_between_a_quarter_and_a_half_of_the_life_left() {
+        let settings = Settings::parse(
+            &["--binaries".into(), "none".into()],
+            &Default::default(),
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        let token = Token {
+            token: "t".into(),
+            expires: Some(SystemTime::now() + Duration::from_secs(8000)),
+        };
+        for _ in 0..20 {
+            let d = renewal_in(&settings, &token);
+            assert!(
+                d >= Duration::from_secs(1990) && d <= Duration::from_secs(4000),
+                "{d:?}"
+            );
+        }
+        let nearly = Token {
+            token: "t".into(),
+            expires: Some(SystemTime::now() + Duration::from_secs(10)),
+        };
+        assert_eq!(renewal_in(&settings, &nearly), MIN_RENEWAL);
+        let mut every = settings.clone();
+        every.refresh_interval = Some(Duration::from_secs(2));
+        assert_eq!(renewal_in(&every, &token), Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,597 @@
+//! `calico install`: Calico's install-cni contract. The binaries replace
+//! the old ones while those run (no ETXTBSY, never a partial file: a
+//! runtime executing the installed plugin in a loop meanwhile always gets
+//! a whole one); the network config rendered from the stock Kubernetes
+//! and etcd templates (written here from their field lists) is what
+//! Calico's install-cni writes for the same environment (its rule: the
+//! placeholders replaced as text, byte for byte); run in a pod on the test
+//! bed's API server, it writes a kubeconfig whose token (minted for the
+//! CNI's ServiceAccount with calico-node's permission) the plugin uses;
+//! `--watch` renews that token and re-renders on a template change while
+//! plugin calls keep working.
+
+mod common;
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+
+/// A host as the installer's container sees it (`--host-root`).
+struct Host {
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("opt/cni/bin")).unwrap();
+        std::fs::create_dir_all(dir.path().join("etc/cni/net.d")).unwrap();
+        Host { dir }
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn bin(&self, name: &str) -> PathBuf {
+        self.root().join("opt/cni/bin").join(name)
+    }
+
+    fn net_d(&self, name: &str) -> PathBuf {
+        self.root().join("etc/cni/net.d").join(name)
+    }
+
+    /// `calico install --host-root <root> ARGS` with exactly `env`.
+    fn install(&self, args: &[&str], env: &[(&str, &str)]) -> Outcome {
+        let mut full = vec!["install", "--host-root", self.root().to_str().unwrap()];
+        full.extend_from_slice(args);
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([("PATH".to_string(), "/usr/bin:/bin".to_string())])
+            .collect();
+        exec_args(CALICO, &full, &env, "")
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// A directory holding `calico`: this build's binary with `extra` bytes
+/// appended (trailing bytes an ELF loader ignores: a different file that
+/// runs the same), and `calico-ipam` a link to it, as an image holds them.
+fn image(extra: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(CALICO).unwrap();
+    bytes.extend(std::iter::repeat_n(0u8, extra));
+    let calico = dir.path().join("calico");
+    std::fs::write(&calico, bytes).unwrap();
+    std::fs::set_permissions(&calico, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("calico", dir.path().join("calico-ipam")).unwrap();
+    std::os::unix::fs::symlink("calico", dir.path().join("install")).unwrap();
+    dir
+}
+
+#[test]
+fn binaries_are_replaced_while_the_old_ones_run() {
+    let host = Host::new();
+    // The old plugin, running (a long sleep under the plugin's name).
+    std::fs::copy("/bin/sleep", host.bin("calico")).unwrap();
+    let mut old = Command::new(host.bin("calico"))
+        .arg("300")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // A runtime executing the installed plugin meanwhile.
+    let stop = Arc::new(AtomicBool::new(false));
+    let runtime = {
+        let (stop, calico) = (stop.clone(), host.bin("calico"));
+        std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            let mut runs = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match Command::new(&calico).arg("-v").output() {
+                    Ok(out) if out.status.success() || out.status.code() == Some(0) => {}
+                    // The old binary (sleep) answers -v with its usage
+                    // error: whole, and not ours yet.
+                    Ok(out) if String::from_utf8_lossy(&out.stderr).contains("invalid option") => {}
+                    Ok(out) => failures.push(format!("{out:?}")),
+                    Err(e) => failures.push(e.to_string()),
+                }
+                runs += 1;
+            }
+            (runs, failures)
+        })
+    };
+    let (a, b) = (image(0), image(4096));
+    for round in 0..6 {
+        let from = if round % 2 == 0 { &a } else { &b };
+        let out = host.install(
+            &["--binaries", from.path().to_str().unwrap()],
+            &[("SLEEP", "false"), ("KUBERNETES_NODE_NAME", "node-1")],
+        );
+        assert_eq!(out.code, 0, "round {round}: {out:?}");
+        assert!(
+            out.stdout
+                .contains(&format!("wrote {}", host.bin("calico").display())),
+            "round {round}: {}",
+            out.stdout
+        );
+        assert_eq!(
+            std::fs::read(host.bin("calico")).unwrap(),
+            std::fs::read(from.path().join("calico")).unwrap()
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (runs, failures) = runtime.join().unwrap();
+    assert!(runs > 0);
+    assert!(
+        failures.is_empty(),
+        "{} of {runs} runs failed, the first: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    // The old process runs on, from the file it started with.
+    assert!(old.try_wait().unwrap().is_none(), "the old binary stopped");
+    let exe = std::fs::read_link(format!("/proc/{}/exe", old.id())).unwrap();
+    assert!(exe.to_string_lossy().ends_with("(deleted)"), "{exe:?}");
+    old.kill().unwrap();
+    old.wait().unwrap();
+
+    // The layout: calico-ipam a link to calico, no `install`, no temporary
+    // file; an identical install leaves every file alone.
+    assert_eq!(
+        std::fs::read_link(host.bin("calico-ipam")).unwrap(),
+        Path::new("calico")
+    );
+    assert_eq!(mode(&host.bin("calico")), 0o755);
+    let names: Vec<String> = std::fs::read_dir(host.root().join("opt/cni/bin"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["calico", "calico-ipam"], "{names:?}");
+    let out = host.install(
+        &["--binaries", b.path().to_str().unwrap()],
+        &[("SLEEP", "false"), ("KUBERNETES_NODE_NAME", "node-1")],
+    );
+    assert!(
+        out.stdout
+            .contains(&format!("unchanged {}", host.bin("calico").display())),
+        "{}",
+        out.stdout
+    );
+    // The installed plugin answers as calico and as calico-ipam.
+    for name in ["calico", "calico-ipam"] {
+        let v = Command::new(host.bin(name)).arg("-v").output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&v.stdout).trim(), "0.1.0", "{name}");
+    }
+    // UPDATE_CNI_BINARIES=false keeps what is there; SKIP_CNI_BINARIES
+    // leaves a name out.
+    std::fs::write(host.bin("calico"), b"#!/bin/sh\necho kept\n").unwrap();
+    std::fs::remove_file(host.bin("calico-ipam")).unwrap();
+    let out = host.install(
+        &["--binaries", a.path().to_str().unwrap()],
+        &[
+            ("SLEEP", "false"),
+            ("UPDATE_CNI_BINARIES", "false"),
+            ("SKIP_CNI_BINARIES", "calico-ipam"),
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        std::fs::read(host.bin("calico")).unwrap(),
+        b"#!/bin/sh\necho kept\n"
+    );
+    assert!(!host.bin("calico-ipam").exists());
+    // With no writable binary directory, the install fails.
+    let bare = tempfile::tempdir().unwrap();
+    let out = exec_args(
+        CALICO,
+        &["install", "--host-root", bare.path().to_str().unwrap()],
+        &HashMap::from([("SLEEP".to_string(), "false".to_string())]),
+        "",
+    );
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr.contains("no CNI binary directory is writable"),
+        "{out:?}"
+    );
+}
+
+/// The stock Kubernetes-datastore template of calico.yaml, from its field
+/// list.
+fn kdd_template() -> String {
+    r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {
+      "type": "calico",
+      "log_level": "info",
+      "log_file_path": "/var/log/calico/cni/cni.log",
+      "datastore_type": "kubernetes",
+      "nodename": "__KUBERNETES_NODE_NAME__",
+      "mtu": __CNI_MTU__,
+      "ipam": {
+          "type": "calico-ipam"
+      },
+      "policy": {
+          "type": "k8s"
+      },
+      "kubernetes": {
+          "kubeconfig": "__KUBECONFIG_FILEPATH__"
+      }
+    },
+    {
+      "type": "portmap",
+      "snat": true,
+      "capabilities": {"portMappings": true}
+    }
+  ]
+}"#
+    .to_string()
+}
+
+/// The stock etcd template of calico-etcd.yaml, from its field list.
+fn etcd_template() -> String {
+    r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {
+      "type": "calico",
+      "log_level": "info",
+      "log_file_path": "/var/log/calico/cni/cni.log",
+      "etcd_endpoints": "__ETCD_ENDPOINTS__",
+      "etcd_key_file": "__ETCD_KEY_FILE__",
+      "etcd_cert_file": "__ETCD_CERT_FILE__",
+      "etcd_ca_cert_file": "__ETCD_CA_CERT_FILE__",
+      "mtu": __CNI_MTU__,
+      "ipam": {
+          "type": "calico-ipam"
+      },
+      "policy": {
+          "type": "k8s"
+      },
+      "kubernetes": {
+          "kubeconfig": "__KUBECONFIG_FILEPATH__"
+      }
+    },
+    {
+      "type": "portmap",
+      "snat": true,
+      "capabilities": {"portMappings": true}
+    }
+  ]
+}"#
+    .to_string()
+}
+
+#[test]
+fn the_network_config_is_what_calicos_install_writes() {
+    // Calico's install-cni replaces each placeholder as text: the expected
+    // file is the template with exactly those replacements.
+    let host = Host::new();
+    let template = kdd_template();
+    let out = host.install(
+        &["--binaries", "none"],
+        &[
+            ("CNI_CONF_NAME", "10-calico.conflist"),
+            ("CNI_NETWORK_CONFIG", &template),
+            ("KUBERNETES_NODE_NAME", "node-7"),
+            ("CNI_MTU", "1440"),
+            ("SLEEP", "false"),
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let expected = template
+        .replace("__KUBERNETES_NODE_NAME__", "node-7")
+        .replace(
+            "__KUBECONFIG_FILEPATH__",
+            "/etc/cni/net.d/calico-kubeconfig",
+        )
+        .replace("__CNI_MTU__", "1440");
+    let written = host.net_d("10-calico.conflist");
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), expected);
+    assert_eq!(mode(&written), 0o644);
+    assert!(
+        !host.net_d("calico-kubeconfig").exists(),
+        "not in a pod: no kubeconfig"
+    );
+
+    // The etcd manifest: TLS files from TLS_ASSETS_DIR beside the config
+    // (their modes kept), their paths as the node sees them; a new config
+    // name replaces the old file.
+    let secrets = tempfile::tempdir().unwrap();
+    for (name, content) in [
+        ("etcd-ca", "CA"),
+        ("etcd-cert", "CERT"),
+        ("etcd-key", "KEY"),
+    ] {
+        let path = secrets.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+    }
+    let template = etcd_template();
+    let out = host.install(
+        &["--binaries", "none"],
+        &[
+            ("CNI_CONF_NAME", "10-calico-etcd.conflist"),
+            ("CNI_OLD_CONF_NAME", "10-calico.conflist"),
+            ("CNI_NET_DIR", "/etc/cni/net.d"),
+            ("CNI_NETWORK_CONFIG", &template),
+            ("ETCD_ENDPOINTS", "https://10.0.0.1:2379"),
+            ("TLS_ASSETS_DIR", secrets.path().to_str().unwrap()),
+            ("SLEEP", "false"),
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let expected = template
+        .replace(
+            "__KUBECONFIG_FILEPATH__",
+            "/etc/cni/net.d/calico-kubeconfig",
+        )
+        .replace("__CNI_MTU__", "1500")
+        .replace("__ETCD_CERT_FILE__", "/etc/cni/net.d/calico-tls/etcd-cert")
+        .replace("__ETCD_CA_CERT_FILE__", "/etc/cni/net.d/calico-tls/etcd-ca")
+        .replace("__ETCD_KEY_FILE__", "/etc/cni/net.d/calico-tls/etcd-key")
+        .replace("__ETCD_ENDPOINTS__", "https://10.0.0.1:2379");
+    assert_eq!(
+        std::fs::read_to_string(host.net_d("10-calico-etcd.conflist")).unwrap(),
+        expected
+    );
+    assert!(
+        !host.net_d("10-calico.conflist").exists(),
+        "the old name removed"
+    );
+    for (name, content) in [
+        ("etcd-ca", "CA"),
+        ("etcd-cert", "CERT"),
+        ("etcd-key", "KEY"),
+    ] {
+        let path = host.net_d("calico-tls").join(name);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), content);
+        assert_eq!(mode(&path), 0o400, "{name}");
+    }
+    // A template that does not render to a JSON object changes nothing.
+    let before = std::fs::read(host.net_d("10-calico-etcd.conflist")).unwrap();
+    let out = host.install(
+        &["--binaries", "none"],
+        &[
+            ("CNI_CONF_NAME", "10-calico-etcd.conflist"),
+            ("CNI_NETWORK_CONFIG", "{\"mtu\": __CNI_MTU__"),
+            ("SLEEP", "false"),
+        ],
+    );
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stderr.contains("not valid JSON"), "{out:?}");
+    assert_eq!(
+        std::fs::read(host.net_d("10-calico-etcd.conflist")).unwrap(),
+        before
+    );
+}
+
+/// The installer's pod: its ServiceAccount's files (calico-node's
+/// identity, allowed to mint tokens for calico-cni-plugin only).
+struct Pod {
+    dir: tempfile::TempDir,
+    _sa: common::testbed::ServiceAccount,
+    env: Vec<(String, String)>,
+}
+
+fn pod(bed: &'static common::testbed::Testbed) -> Pod {
+    let sa = bed.service_account(
+        "kube-system",
+        json!([{"apiGroups": [""], "resources": ["serviceaccounts/token"],
+                "resourceNames": ["calico-cni-plugin"], "verbs": ["create"]}]),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), &sa.token).unwrap();
+    std::fs::copy(bed.ca(), dir.path().join("ca.crt")).unwrap();
+    std::fs::write(dir.path().join("namespace"), "kube-system").unwrap();
+    let api = bed.api().trim_start_matches("https://").to_string();
+    let (host, port) = api.rsplit_once(':').unwrap();
+    let env = vec![
+        ("KUBERNETES_SERVICE_HOST".to_string(), host.to_string()),
+        ("KUBERNETES_SERVICE_PORT".to_string(), port.to_string()),
+        (
+            "KUBERNETES_NODE_NAME".to_string(),
+            "node-install".to_string(),
+        ),
+        ("SLEEP".to_string(), "false".to_string()),
+    ];
+    Pod { dir, _sa: sa, env }
+}
+
+/// `calico ipam pool list` through the installed config: the plugin's
+/// datastore access with the kubeconfig's token.
+fn pools_through(conflist: &Path) -> Outcome {
+    exec_args(
+        CALICO,
+        &[
+            "ipam",
+            "pool",
+            "list",
+            "--config",
+            conflist.to_str().unwrap(),
+        ],
+        &HashMap::new(),
+        "",
+    )
+}
+
+fn kubeconfig_token(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("token:"))
+        .unwrap_or_else(|| panic!("no token in {text}"));
+    line.split_once(':')
+        .unwrap()
+        .1
+        .trim()
+        .trim_matches('"')
+        .to_string()
+}
+
+#[test]
+fn in_a_pod_it_writes_a_kubeconfig_the_plugin_uses() {
+    let test = "in_a_pod_it_writes_a_kubeconfig_the_plugin_uses";
+    let Some(bed) = common::testbed::testbed(test) else {
+        return;
+    };
+    let pod = pod(bed);
+    let host = Host::new();
+    let net_dir = host.net_d("");
+    let mut env: Vec<(&str, &str)> = pod
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let net_dir_text = net_dir.to_str().unwrap().trim_end_matches('/').to_string();
+    env.push(("CNI_NET_DIR", &net_dir_text));
+    let out = host.install(
+        &[
+            "--binaries",
+            "none",
+            "--serviceaccount-dir",
+            pod.dir.path().to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let kubeconfig = host.net_d("calico-kubeconfig");
+    assert_eq!(mode(&kubeconfig), 0o600);
+    let token = kubeconfig_token(&kubeconfig);
+    assert_ne!(token, pod._sa.token, "a token of its own, not the pod's");
+    // The token is calico-cni-plugin's.
+    let claims: Value = {
+        use base64::Engine;
+        let payload = token.split('.').nth(1).unwrap();
+        serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(payload)
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        claims["sub"], "system:serviceaccount:kube-system:calico-cni-plugin",
+        "{claims}"
+    );
+    // The rendered config points at it, and the plugin reaches the API
+    // server with it.
+    let conflist = host.net_d("10-calico.conflist");
+    let conf: Value = serde_json::from_slice(&std::fs::read(&conflist).unwrap()).unwrap();
+    assert_eq!(
+        conf["plugins"][0]["kubernetes"]["kubeconfig"],
+        json!(kubeconfig.to_str().unwrap())
+    );
+    let out = pools_through(&conflist);
+    assert_eq!(out.code, 0, "{out:?}");
+}
+
+#[test]
+fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
+    let test = "watch_renews_the_token_and_re_renders_while_plugin_calls_work";
+    let Some(bed) = common::testbed::testbed(test) else {
+        return;
+    };
+    let pod = pod(bed);
+    let host = Host::new();
+    let net_dir_text = host
+        .net_d("")
+        .to_str()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    let template_file = host.root().join("template.json");
+    std::fs::write(&template_file, kdd_template()).unwrap();
+    let mut env: HashMap<String, String> = pod.env.iter().cloned().collect();
+    env.extend([
+        ("CNI_NET_DIR".to_string(), net_dir_text),
+        (
+            "CNI_NETWORK_CONFIG_FILE".to_string(),
+            template_file.display().to_string(),
+        ),
+        ("CNI_TOKEN_REFRESH_INTERVAL".to_string(), "1s".to_string()),
+        ("CNI_MTU".to_string(), "1400".to_string()),
+    ]);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut watch = Kill(
+        Command::new(CALICO)
+            .args([
+                "install",
+                "--watch",
+                "--binaries",
+                "none",
+                "--host-root",
+                host.root().to_str().unwrap(),
+                "--serviceaccount-dir",
+                pod.dir.path().to_str().unwrap(),
+            ])
+            .env_clear()
+            .envs(&env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let kubeconfig = host.net_d("calico-kubeconfig");
+    let conflist = host.net_d("10-calico.conflist");
+    let until = Instant::now() + Duration::from_secs(30);
+    while !(kubeconfig.exists() && conflist.exists()) {
+        assert!(Instant::now() < until, "the watch installed nothing");
+        assert!(watch.0.try_wait().unwrap().is_none(), "the watch stopped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut tokens = vec![kubeconfig_token(&kubeconfig)];
+    let end = Instant::now() + Duration::from_secs(6);
+    let mut calls = 0;
+    while Instant::now() < end {
+        let out = pools_through(&conflist);
+        assert_eq!(out.code, 0, "call {calls}: {out:?}");
+        calls += 1;
+        let token = kubeconfig_token(&kubeconfig);
+        if tokens.last() != Some(&token) {
+            tokens.push(token);
+        }
+    }
+    assert!(tokens.len() >= 3, "{} tokens in 6 s", tokens.len());
+    // A template change is rendered within seconds.
+    std::fs::write(
+        &template_file,
+        kdd_template().replace("\"info\"", "\"debug\""),
+    )
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let conf: Value = serde_json::from_slice(&std::fs::read(&conflist).unwrap()).unwrap();
+        if conf["plugins"][0]["log_level"] == "debug" {
+            assert_eq!(conf["plugins"][0]["mtu"], 1400);
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the template change was not rendered"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(watch.0.try_wait().unwrap().is_none(), "the watch stopped");
+}
