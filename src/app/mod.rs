@@ -131,8 +131,15 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
         // As Go's flag package: the usage on stderr, exit 0 for help, 2
         // for a command line it refuses.
         Err(flags::Refused::Help) => {
+            // Calico's usage, as its binary prints it; then, for `calico`,
+            // the operator's subcommands.
+            let mut stderr = flags::usage(personality);
+            if personality == Personality::Calico {
+                stderr.push('\n');
+                stderr.push_str(crate::cli::OVERVIEW);
+            }
             return Exit {
-                stderr: flags::usage(personality),
+                stderr,
                 ..Exit::default()
             };
         }
@@ -157,6 +164,14 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
             Some("ipam") => return crate::cli::run(&flags.rest[1..], &vars).into(),
             Some("install") => {
                 return crate::cli::install::run(&flags.rest[1..], &vars, false).into();
+            }
+            Some("status") => return crate::cli::status_command(&flags.rest[1..], &vars).into(),
+            Some("help") => {
+                return Exit::ok(format!(
+                    "{}\n{}",
+                    flags::usage(personality),
+                    crate::cli::OVERVIEW
+                ));
             }
             _ => {}
         }

@@ -8,11 +8,17 @@
 //! nothing on stdout); bad usage prints the usage to stderr, exit 2.
 
 pub mod install;
+pub mod ipam_check;
+pub mod ipam_inventory;
+pub mod ipam_release;
+pub mod ipam_show;
 pub mod netconf;
 pub mod pool;
 pub mod queue;
+pub mod status;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -31,6 +37,9 @@ Usage:
   calico ipam pool remove NAME [--config CONFLIST]
   calico ipam queue list [--dead] [-o table|json] [--config CONFLIST | --dir DIR]
   calico ipam queue replay [--dead] [CONTAINER_ID...] [--config CONFLIST | --dir DIR]
+  calico ipam show [--show-blocks | --ip ADDR] [-o table|json] [--config CONFLIST]
+  calico ipam check [--show-problem-ips] [--show-all-ips] [-o FILE] [--config CONFLIST]
+  calico ipam release (--ip ADDR | --from-report FILE...) [--force] [--config CONFLIST]
 
 pool: manages Calico IP pools in the datastore the network config names.
 The config is CONFLIST, else the first .conf, .conflist or .json file, in
@@ -43,6 +52,22 @@ datastore (the config's release_queue_dir, else DIR). `list` shows them
 DEL once now, due or not (--dead: the dead letters, put back in the queue
 first), each with its own recorded config; CONTAINER_IDs pick entries.
 
+show: how full each IP pool (--show-blocks: and each block) is, or who
+holds one address (--ip), as calicoctl ipam show prints it.
+
+check: calicoctl's IPAM check — addresses allocated but used by no
+workload or node (leaked), addresses in use without an allocation, handles
+holding nothing, allocations naming a missing handle — and also blocks
+affine to a node that does not exist, soft-deleted objects left stored and
+this node's dead letters. -o FILE writes calicoctl's JSON report ('-' for
+stdout, instead of the text); exit 0 however many problems are found.
+
+release: --ip frees one address, whoever holds it. --from-report frees the
+addresses and deletes the handles every report found leaked, each only if
+unchanged since; the reports must be of this cluster and one as new as its
+ClusterInformation, and the datastore locked (datastoreReady false) unless
+--force.
+
 Options:
   --block-size N       block size: 20-32 for IPv4 (default 26), 116-128 for IPv6 (default 122)
   --disabled           create the pool disabled: no address is assigned from it
@@ -50,8 +75,70 @@ Options:
   --config CONFLIST    the network config (.conflist, .conf or .json)
   --dir DIR            the release queue's directory (queue commands)
   --dead               the dead letters (queue commands)
+  --show-blocks        each block's usage too (show)
+  --ip ADDR            one address (show, release)
+  --show-problem-ips   each problem address (check)
+  --show-all-ips       each allocation and handle too (check)
+  --from-report FILE   a report of check (release; repeatable)
+  --force              release although the datastore is not locked
   -h, --help           print this help
 ";
+
+/// The operator's subcommands, after Calico's flags in `calico --help`.
+pub const OVERVIEW: &str = "\
+Subcommands (outside a CNI call: without CNI_COMMAND in the environment):
+  calico install [--watch] [...]       put this plugin on a node as Calico's install-cni does:
+                                       binaries, the network config, the CNI kubeconfig, and
+                                       (--watch) its token renewed (calico install --help)
+  calico ipam pool|queue|show|check|release ...
+                                       IP pools, the release queue, IPAM usage, consistency
+                                       check and repair (calico ipam --help)
+  calico status [--config CONFLIST]    a network's STATUS in words, with the release queue
+  calico help                          this help
+
+As a CNI plugin it answers ADD, DEL, CHECK, STATUS, GC and VERSION (CNI_COMMAND, the
+network config on stdin); as calico-ipam (a link of that name) it is Calico's IPAM plugin.
+";
+
+const STATUS_USAGE: &str = "\
+Usage:
+  calico status [--config CONFLIST]
+
+Runs the STATUS verb (spec 1.1.0) of the network config's calico plugin, as
+a runtime does, and says what it found: ready, or not ready and why (the
+datastore, its credentials and their expiry, the IPAM's capacity for this
+node); and how many releases earlier DELs still owe. Exit 0 when ready, 1
+when not. The config is CONFLIST, else the first config file of
+/etc/cni/net.d (CNI_CONF_DIR names another directory).
+";
+
+/// `calico status ARGS...`.
+pub fn status_command(args: &[String], vars: &HashMap<String, String>) -> Outcome {
+    let mut config = None;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "-h" | "--help" | "help" => return Outcome::ok(STATUS_USAGE.to_string()),
+            "--config" => match rest.next() {
+                Some(v) => config = Some(PathBuf::from(v)),
+                None => return status_usage("--config needs a value"),
+            },
+            other => match other.strip_prefix("--config=") {
+                Some(v) => config = Some(PathBuf::from(v)),
+                None => return status_usage(&format!("unknown argument {other:?}")),
+            },
+        }
+    }
+    status::run(config.as_deref(), vars)
+}
+
+fn status_usage(problem: &str) -> Outcome {
+    Outcome {
+        stderr: format!("calico status: {problem}\n\n{STATUS_USAGE}"),
+        code: 2,
+        ..Outcome::default()
+    }
+}
 
 /// What the subcommand prints and how the process exits.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -119,6 +206,118 @@ pub enum Cli {
         containers: Vec<String>,
         place: queue::Place,
     },
+    Show {
+        blocks: bool,
+        ip: Option<IpAddr>,
+        json: bool,
+        config: Option<PathBuf>,
+    },
+    Check {
+        show: ipam_check::Show,
+        report: Option<PathBuf>,
+        config: Option<PathBuf>,
+    },
+    Release {
+        ip: Option<IpAddr>,
+        reports: Vec<String>,
+        force: bool,
+        config: Option<PathBuf>,
+    },
+}
+
+/// Parses `show|check|release …` (calicoctl's flags, `--flag=value` or
+/// `--flag value`).
+fn parse_tool(noun: &str, args: &[String]) -> Result<Cli, String> {
+    let (mut blocks, mut problems, mut all, mut force) = (false, false, false, false);
+    let (mut ip, mut output, mut config, mut reports) = (None, None, None, Vec::new());
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with('-') => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let switch = match (noun, flag) {
+            ("show", "--show-blocks") => Some(&mut blocks),
+            ("check", "--show-problem-ips") => Some(&mut problems),
+            ("check", "--show-all-ips") => Some(&mut all),
+            ("release", "--force") => Some(&mut force),
+            _ => None,
+        };
+        if let Some(switch) = switch {
+            if inline.is_some() {
+                return Err(format!("{flag} takes no value"));
+            }
+            *switch = true;
+            continue;
+        }
+        let known = matches!(
+            (noun, flag),
+            ("show" | "release", "--ip")
+                | ("show" | "check", "-o" | "--output")
+                | ("release", "--from-report")
+                | (_, "--config")
+        );
+        if !known {
+            return Err(format!("unknown flag {flag:?} for {noun}"));
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => rest
+                .next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))?,
+        };
+        match flag {
+            "--ip" => {
+                ip = Some(
+                    value
+                        .parse::<IpAddr>()
+                        .map_err(|_| format!("invalid IP address specified: {value}"))?,
+                );
+            }
+            "-o" | "--output" => output = Some(value),
+            "--from-report" => reports.push(value),
+            _ => config = Some(PathBuf::from(value)),
+        }
+    }
+    match noun {
+        "show" => {
+            if blocks && ip.is_some() {
+                return Err("give --show-blocks or --ip, not both".into());
+            }
+            let json = match output.as_deref() {
+                None | Some("table") => false,
+                Some("json") => true,
+                Some(other) => {
+                    return Err(format!("unknown output format {other:?} (table, json)"));
+                }
+            };
+            Ok(Cli::Show {
+                blocks,
+                ip,
+                json,
+                config,
+            })
+        }
+        "check" => Ok(Cli::Check {
+            show: ipam_check::Show {
+                problem_ips: problems,
+                all_ips: all,
+            },
+            report: output.map(PathBuf::from),
+            config,
+        }),
+        _ => match (ip.is_some(), reports.is_empty()) {
+            (true, false) => Err("give --ip or --from-report, not both".into()),
+            (false, true) => Err("release needs --ip ADDR or --from-report FILE".into()),
+            _ => Ok(Cli::Release {
+                ip,
+                reports,
+                force,
+                config,
+            }),
+        },
+    }
 }
 
 /// The options a verb takes.
@@ -149,6 +348,9 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
     let help_word = |i: usize| args.get(i).is_some_and(|a| a == "help");
     if help_word(0) || help_word(1) || args.iter().any(|a| a == "-h" || a == "--help") {
         return Ok(Cli::Help);
+    }
+    if let Some(noun @ ("show" | "check" | "release")) = args.first().map(String::as_str) {
+        return parse_tool(noun, &args[1..]);
     }
     let (Some(noun), Some(verb)) = (args.first(), args.get(1)) else {
         return Err(match args.first().map(String::as_str) {
@@ -296,6 +498,9 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
         Cli::Add { config, .. } => ("calico ipam pool add", config),
         Cli::List { config, .. } => ("calico ipam pool list", config),
         Cli::Remove { config, .. } => ("calico ipam pool remove", config),
+        Cli::Show { config, .. } => ("calico ipam show", config),
+        Cli::Check { config, .. } => ("calico ipam check", config),
+        Cli::Release { config, .. } => ("calico ipam release", config),
         Cli::QueueList { json, dead, place } => {
             return queue::list(place, vars, *json, *dead).map_or_else(
                 |e| Outcome::failed("calico ipam queue list", &e),
@@ -332,16 +537,72 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
     let deadline = Instant::now() + DEADLINE;
     let outcome = runtime.block_on(async {
         let work = async {
+            let k8s = std::sync::OnceLock::new();
             let opened = open(&conf, vars, deadline, None, || async {
-                Ok(K8sClient::new(&conf.k8s_config(), deadline).await?)
+                let client = K8sClient::new(&conf.k8s_config(), deadline).await?;
+                let _ = k8s.set(client.clone());
+                Ok(client)
             })
             .await
             .map_err(|e| format!("opening the datastore: {e}"))?;
             let store = opened.store.as_ref();
+            let inventory = || ipam_inventory::Inventory::read(&opened, k8s.get());
             match &cli {
                 Cli::Add { add, .. } => pool::add(store, add).await,
                 Cli::List { json, .. } => pool::list(store, *json).await,
                 Cli::Remove { name, .. } => pool::remove(store, name).await,
+                Cli::Show {
+                    blocks, ip, json, ..
+                } => {
+                    let inv = inventory().await?;
+                    Ok(pool::Report::from(match ip {
+                        Some(ip) => ipam_show::address(&inv, *ip, *json),
+                        None => ipam_show::usage(&inv, *blocks, *json),
+                    }))
+                }
+                Cli::Check { show, report, .. } => {
+                    let inv = inventory().await?;
+                    let dead: Vec<_> =
+                        crate::plugin::journal::Journal::new(conf.release_queue_dir())
+                            .dead()
+                            .into_iter()
+                            .map(|(_, owed)| owed)
+                            .collect();
+                    let checked = ipam_check::check(&inv, &dead, *show, env!("CARGO_PKG_VERSION"));
+                    let mut json =
+                        serde_json::to_string_pretty(&checked.report).map_err(|e| e.to_string())?;
+                    json.push('\n');
+                    match report.as_deref() {
+                        Some(p) if p.as_os_str() == "-" => Ok(pool::Report::from(json)),
+                        Some(p) => {
+                            install::files::write(p, json.as_bytes(), 0o644)
+                                .map_err(|e| format!("writing the report: {e}"))?;
+                            Ok(pool::Report::from(checked.text))
+                        }
+                        None => Ok(pool::Report::from(checked.text)),
+                    }
+                }
+                Cli::Release {
+                    ip, reports, force, ..
+                } => match ip {
+                    Some(ip) => ipam_release::address(store, *ip)
+                        .await
+                        .map(pool::Report::from),
+                    None => {
+                        let read = reports
+                            .iter()
+                            .map(|p| ipam_release::read_report(p).map(|r| (p.clone(), r)))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        let (stdout, stderr) = ipam_release::from_reports(
+                            store,
+                            &read,
+                            *force,
+                            env!("CARGO_PKG_VERSION"),
+                        )
+                        .await?;
+                        Ok(pool::Report { stdout, stderr })
+                    }
+                },
                 _ => unreachable!("answered above"),
             }
         };

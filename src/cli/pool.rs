@@ -36,6 +36,12 @@ pub struct Report {
     pub stderr: String,
 }
 
+impl From<String> for Report {
+    fn from(stdout: String) -> Report {
+        Report::out(stdout)
+    }
+}
+
 impl Report {
     fn out(stdout: String) -> Report {
         Report {

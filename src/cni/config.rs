@@ -20,6 +20,12 @@ pub const DEFAULT_LOCAL_DATASTORE: &str = "/var/lib/calico/cni-datastore.db";
 /// Where DELs that could not reach the datastore record what they owe.
 pub const DEFAULT_RELEASE_QUEUE_DIR: &str = "/var/lib/calico/cni-release-queue";
 pub const DEFAULT_DEADLINE_SECONDS: f64 = 30.0;
+
+/// How long before its token expires STATUS reports the Kubernetes
+/// credentials as failing: a renewer (calico-node, `calico install
+/// --watch`) renews a 24 h token every few hours, so one an hour from its
+/// end is not being renewed.
+pub const DEFAULT_TOKEN_EXPIRY_MARGIN_SECONDS: u64 = 3600;
 /// The longest `deadline_seconds` accepted: an hour, far past any
 /// runtime's own timeout (kubelet's is 2 minutes).
 pub const MAX_DEADLINE_SECONDS: f64 = 3600.0;
@@ -156,6 +162,9 @@ pub struct NetConf {
     pub local_datastore_path: String,
     /// The durable queue of releases owed by DELs that could not finish.
     pub release_queue_dir: String,
+    /// STATUS answers not ready when the Kubernetes token expires within
+    /// this many seconds (0 or absent: [`DEFAULT_TOKEN_EXPIRY_MARGIN_SECONDS`]).
+    pub token_expiry_margin_seconds: u64,
 }
 
 impl Default for NetConf {
@@ -213,6 +222,7 @@ impl Default for NetConf {
             mtu_file: String::new(),
             local_datastore_path: String::new(),
             release_queue_dir: String::new(),
+            token_expiry_margin_seconds: 0,
         }
     }
 }
@@ -305,6 +315,7 @@ const NETCONF_KEYS: Schema = &[
     Field("mtu_file", None),
     Field("local_datastore_path", None),
     Field("release_queue_dir", None),
+    Field("token_expiry_margin_seconds", None),
 ];
 
 /// Rewrites `obj`'s keys to the schema's spelling the way Go's decoder
@@ -389,6 +400,14 @@ impl NetConf {
 
     /// `release_queue_dir`; else `cni-release-queue` beside the embedded
     /// datastore when its path is configured; else the default.
+    /// [`NetConf::token_expiry_margin_seconds`], its default applied.
+    pub fn token_expiry_margin(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(match self.token_expiry_margin_seconds {
+            0 => DEFAULT_TOKEN_EXPIRY_MARGIN_SECONDS,
+            n => n,
+        })
+    }
+
     pub fn release_queue_dir(&self) -> PathBuf {
         if !self.release_queue_dir.is_empty() {
             return PathBuf::from(&self.release_queue_dir);

@@ -97,8 +97,9 @@ impl Ipam for InProcessIpam {
         verbs::check(&self.call(), &self.request(Command::Check, config, None)?).await
     }
 
-    async fn status(&self, _config: &Value) -> Result<()> {
-        verbs::status(&self.call()).await
+    async fn status(&self, config: &Value) -> Result<()> {
+        let req = self.request(Command::Status, config, None)?;
+        verbs::status(&self.call(), &req).await
     }
 
     async fn gc(&self, config: &Value, _valid: Option<&[Attachment]>) -> Result<()> {

@@ -32,7 +32,7 @@ pub async fn handle(req: Request) -> Result<Option<CniResult>> {
         Command::Add => verbs::add(&call, &req).await.map(Some),
         Command::Del => verbs::del(&call, &req).await.map(|()| None),
         Command::Check => verbs::check(&call, &req).await.map(|()| None),
-        Command::Status => verbs::status(&call).await.map(|()| None),
+        Command::Status => verbs::status(&call, &req).await.map(|()| None),
         Command::Gc => verbs::gc(&call, &req).await.map(|()| None),
         Command::Version => unreachable!("answered at the edge"),
     }

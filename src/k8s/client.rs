@@ -106,7 +106,7 @@ pub fn jwt_expiry(token: &str) -> Option<SystemTime> {
 }
 
 /// RFC 3339 (UTC, seconds) for an error message.
-fn rfc3339(t: SystemTime) -> String {
+pub fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or(i64::MAX))
         .unwrap_or(jiff::Timestamp::MAX)
@@ -329,6 +329,21 @@ impl K8sClient {
         let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
         pods.get(&(namespace.to_string(), name.to_string()))
             .cloned()
+    }
+
+    /// When the bearer token this client presents expires (a JWT's `exp`),
+    /// and where the token came from (never the token).
+    pub fn token_expiry(&self) -> Option<(SystemTime, String)> {
+        let exp = self.credentials.token.as_deref().and_then(jwt_expiry)?;
+        let from = match (
+            &self.credentials.kubeconfig,
+            self.credentials.token_source.is_empty(),
+        ) {
+            (_, false) => self.credentials.token_source.clone(),
+            (Some(path), true) => format!("the token in {}", path.display()),
+            (None, true) => "the configured token".into(),
+        };
+        Some((exp, from))
     }
 
     fn describe_unauthorized(&self, status: &kube::core::Status) -> K8sError {

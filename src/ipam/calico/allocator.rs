@@ -99,6 +99,17 @@ fn with_prefix(ip: IpAddr, cidr: &IpNet) -> IpNet {
     IpNet::new(ip, cidr.prefix_len()).expect("a block's prefix fits its family")
 }
 
+/// What [`Allocator::release_address`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddressRelease {
+    /// Freed; it was held by this handle (`""`: none).
+    Released { handle: String },
+    /// Not allocated (no block holds it, or its ordinal is free).
+    NotAllocated,
+    /// Allocated, but not as expected (another handle or sequence number).
+    Changed,
+}
+
 impl<'a> Allocator<'a> {
     pub fn new(store: &'a dyn Store, host: &'a str) -> Allocator<'a> {
         Allocator {
@@ -854,6 +865,114 @@ impl<'a> Allocator<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Frees one address wherever its block is (listed: the operator's
+    /// `calico ipam release`, which also reaches blocks no pool covers),
+    /// and takes it off its handle. With `expected` (handle, sequence
+    /// number, as a report recorded them), only an allocation still
+    /// exactly that is freed.
+    pub async fn release_address(
+        &self,
+        ip: IpAddr,
+        expected: Option<(&str, u64)>,
+    ) -> Result<AddressRelease, IpamError> {
+        let blocks = self
+            .store
+            .list::<IpamBlock>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IPAM blocks"))?;
+        let Some(cidr) = blocks
+            .iter()
+            .filter(|b| !b.spec.deleted)
+            .filter_map(|b| b.spec.cidr.parse::<IpNet>().ok())
+            .find(|c| c.contains(&ip))
+        else {
+            return Ok(AddressRelease::NotAllocated);
+        };
+        let outcome = std::sync::Mutex::new(AddressRelease::NotAllocated);
+        let set = |o: AddressRelease| *outcome.lock().unwrap_or_else(|p| p.into_inner()) = o;
+        self.release_in_block(&cidr, |b| {
+            let Some(ordinal) = block::ordinal_of(&cidr, ip).filter(|&o| o < b.allocations.len())
+            else {
+                set(AddressRelease::NotAllocated);
+                return 0;
+            };
+            let Some(attr) = b.allocations[ordinal] else {
+                set(AddressRelease::NotAllocated);
+                return 0;
+            };
+            let handle = b
+                .attributes
+                .get(attr)
+                .and_then(|a| a.handle_id.clone())
+                .unwrap_or_default();
+            if let Some((want_handle, want_seq)) = expected {
+                let seq = b
+                    .sequence_number_for_allocation
+                    .get(&ordinal.to_string())
+                    .copied()
+                    .unwrap_or_default();
+                if handle != want_handle || seq != want_seq {
+                    set(AddressRelease::Changed);
+                    return 0;
+                }
+            }
+            let freed = block::release_ips(b, &cidr, &[ip]).values().sum();
+            set(AddressRelease::Released { handle });
+            freed
+        })
+        .await?;
+        let outcome = outcome.into_inner().unwrap_or_else(|p| p.into_inner());
+        if let AddressRelease::Released { handle } = &outcome
+            && !handle.is_empty()
+        {
+            self.decrement_handle(handle, &cidr, Some(1)).await?;
+        }
+        Ok(outcome)
+    }
+
+    /// Whether this host can be given one more address from `pools`: a
+    /// free, unreserved address in a block affine to it (with `strict`
+    /// affinity off: in any of their blocks), or, with `auto_blocks`, a
+    /// pool with room for another block.
+    pub async fn has_room(
+        &self,
+        pools: &[IpPool],
+        strict: bool,
+        auto_blocks: bool,
+    ) -> Result<bool, IpamError> {
+        let blocks = self
+            .store
+            .list::<IpamBlock>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IPAM blocks"))?;
+        let reserved = self.reservations().await?;
+        let is_reserved = |ip: IpAddr| reserved.iter().any(|r| r.contains(&ip));
+        let ours = self.affinity_value();
+        let nets: Vec<(IpNet, u8)> = pools
+            .iter()
+            .filter_map(|p| p.spec.network().map(|n| (n, p.spec.effective_block_size())))
+            .collect();
+        let mut per_pool = vec![0u128; nets.len()];
+        for b in blocks.iter().filter(|b| !b.spec.deleted) {
+            let Ok(cidr) = b.spec.cidr.parse::<IpNet>() else {
+                continue;
+            };
+            let Some(i) = nets.iter().position(|(n, _)| n.contains(&cidr)) else {
+                continue;
+            };
+            per_pool[i] += 1;
+            let usable = !strict || b.spec.affinity.as_deref() == Some(ours.as_str());
+            if usable && block::free_count(&b.spec, &cidr, &is_reserved) > 0 {
+                return Ok(true);
+            }
+        }
+        Ok(auto_blocks
+            && nets.iter().zip(&per_pool).any(|((net, size), n)| {
+                let bits = u32::from(size.saturating_sub(net.prefix_len()));
+                1u128.checked_shl(bits).is_none_or(|capacity| *n < capacity)
+            }))
     }
 
     /// The addresses `handle` holds.

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::IpamError;
 use super::allocator::{Allocator, AutoAssign};
 use super::lock;
-use super::pools::SelectorLabels;
+use super::pools::{SelectorLabels, automatic_pools, requested_pools};
 use crate::cni::result::{IpConfig, Route};
 use crate::cni::{CniResult, Error, Request, Result};
 use crate::datastore::endpoints::NamespaceLabels;
@@ -351,18 +351,64 @@ pub async fn release_ips(call: &Call, ips: &[IpAddr]) -> Result<()> {
     Ok(())
 }
 
-/// STATUS: the datastore answers and an enabled pool exists.
-pub async fn status(call: &Call) -> Result<()> {
-    let pools = tokio::time::timeout_at(
-        call.deadline,
-        Allocator::new(call.store.as_ref(), &call.host).pools(),
-    )
-    .await
-    .map_err(|_| timed_out("reading IP pools"))??;
-    if !pools.iter().any(|p| !p.spec.disabled) {
-        return Err(Error::NotAvailable(
-            "calico-ipam cannot allocate: no enabled IP pool is configured".into(),
-        ));
-    }
-    Ok(())
+/// STATUS: the datastore answers, an enabled pool exists, and this node
+/// can be given an address of every family the network assigns, from the
+/// pools an ADD would use: a free address in one of its blocks (or, without
+/// strict affinity, in any block of those pools), or room for a new block.
+/// Namespace selectors are not judged (STATUS has no pod): a pool any
+/// namespace could use counts.
+pub async fn status(call: &Call, req: &Request) -> Result<()> {
+    let allocator = Allocator::new(call.store.as_ref(), &call.host);
+    let work = async {
+        let all = allocator.pools().await?;
+        if !all.iter().any(|p| !p.spec.disabled) {
+            return Ok(Err(Error::NotAvailable(
+                "calico-ipam cannot allocate: no enabled IP pool is configured".into(),
+            )));
+        }
+        let config = allocator.config().await?;
+        let mut any_namespace = all.clone();
+        for p in &mut any_namespace {
+            p.spec.namespace_selector = "all()".into();
+        }
+        let labels = Labels { call, req };
+        let ipam = &req.conf.ipam;
+        for (v6, wanted, requested) in [
+            (
+                false,
+                ipam.assign_ipv4.as_deref() != Some("false"),
+                &ipam.ipv4_pools,
+            ),
+            (
+                true,
+                ipam.assign_ipv6.as_deref() == Some("true"),
+                &ipam.ipv6_pools,
+            ),
+        ] {
+            if !wanted {
+                continue;
+            }
+            let pools = if requested.is_empty() {
+                automatic_pools(&any_namespace, v6, &call.host, &labels).await?
+            } else {
+                requested_pools(&all, requested, v6)?
+            };
+            if !allocator
+                .has_room(&pools, config.strict_affinity, config.auto_allocate_blocks)
+                .await?
+            {
+                let names: Vec<&str> = pools.iter().map(|p| p.spec.cidr.as_str()).collect();
+                return Ok(Err(Error::NotAvailable(format!(
+                    "calico-ipam cannot allocate an IPv{} address on node {}: the pools it may use ({}) have no free address and no room for a new block",
+                    if v6 { 6 } else { 4 },
+                    call.host,
+                    names.join(", ")
+                ))));
+            }
+        }
+        Ok::<_, IpamError>(Ok(()))
+    };
+    tokio::time::timeout_at(call.deadline, work)
+        .await
+        .map_err(|_| timed_out("judging the IPAM's capacity"))??
 }
