@@ -942,11 +942,6 @@ impl<'a> Allocator<'a> {
         strict: bool,
         auto_blocks: bool,
     ) -> Result<bool, IpamError> {
-        let blocks = self
-            .store
-            .list::<IpamBlock>("", &ListFilter::All)
-            .await
-            .map_err(ds("error listing IPAM blocks"))?;
         let reserved = self.reservations().await?;
         let is_reserved = |ip: IpAddr| reserved.iter().any(|r| r.contains(&ip));
         let ours = self.affinity_value();
@@ -954,6 +949,34 @@ impl<'a> Allocator<'a> {
             .iter()
             .filter_map(|p| p.spec.network().map(|n| (n, p.spec.effective_block_size())))
             .collect();
+        // This host's own blocks first, through its affinities: what a
+        // node with room answers with (a runtime asks every few seconds),
+        // without reading the cluster's blocks.
+        for v6 in [false, true] {
+            if !nets.iter().any(|(n, _)| n.addr().is_ipv6() == v6) {
+                continue;
+            }
+            for a in self.host_affinities(v6).await? {
+                let Ok(cidr) = a.spec.cidr.parse::<IpNet>() else {
+                    continue;
+                };
+                if !nets.iter().any(|(n, _)| n.contains(&cidr)) {
+                    continue;
+                }
+                if let Some(b) = self.get_block(&cidr).await?
+                    && b.spec.affinity.as_deref() == Some(ours.as_str())
+                    && block::free_count(&b.spec, &cidr, &is_reserved) > 0
+                {
+                    return Ok(true);
+                }
+            }
+        }
+        // Full, or none yet: another block to borrow from, or room for one.
+        let blocks = self
+            .store
+            .list::<IpamBlock>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IPAM blocks"))?;
         let mut per_pool = vec![0u128; nets.len()];
         for b in blocks.iter().filter(|b| !b.spec.deleted) {
             let Ok(cidr) = b.spec.cidr.parse::<IpNet>() else {
