@@ -95,7 +95,8 @@ fn world_report(w: &World, report: &Value, tag: &str) -> (Value, Vec<Value>) {
         .filter(|(ip, _)| w.owns_text(ip))
         .map(|(ip, v)| (ip.clone(), v.clone()))
         .collect();
-    let handles = report["leakedHandles"]
+    // (calicoctl lists them in Go's map order: compared sorted.)
+    let mut handles: Vec<Value> = report["leakedHandles"]
         .as_array()
         .cloned()
         .unwrap_or_default()
@@ -103,6 +104,7 @@ fn world_report(w: &World, report: &Value, tag: &str) -> (Value, Vec<Value>) {
         .filter(|h| h["ID"].as_str().is_some_and(|id| id.contains(tag)))
         .map(|h| json!({"ID": h["ID"], "Revision": h["Revision"]}))
         .collect();
+    handles.sort_by_key(|h| h["ID"].as_str().unwrap_or_default().to_string());
     (Value::Object(allocations), handles)
 }
 
@@ -127,6 +129,8 @@ fn repair(test: &str, backend: Backend) {
     let pool = w.v4(0);
     w.pool(&pool.to_string(), json!({"blockSize": 28}));
     let mut conf = w.conf();
+    // This world's pool only, whatever else the shared cluster holds.
+    conf["ipam"]["ipv4_pools"] = json!([pool.to_string()]);
     if backend == Backend::Kdd {
         // The operator's credentials: check lists every pod and node.
         conf["kubernetes"]["kubeconfig"] = json!(w.bed().var("KUBECONFIG"));

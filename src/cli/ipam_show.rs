@@ -116,7 +116,11 @@ pub fn usage(inv: &Inventory, blocks: bool, as_json: bool) -> String {
         };
         let inside: Vec<_> = live.iter().filter(|(_, c)| cidr.contains(c)).collect();
         let total = size(&cidr);
-        let in_use: f64 = inside.iter().map(|(b, _)| used(b)).sum();
+        // (Counted, then converted: an empty f64 sum is -0.0, printed "-0%".)
+        let in_use = inside
+            .iter()
+            .map(|(b, _)| b.spec.allocations.iter().filter(|a| a.is_some()).count())
+            .sum::<usize>() as f64;
         rows.push(vec![
             "IP Pool".to_string(),
             cidr.to_string(),
@@ -219,6 +223,24 @@ mod tests {
         assert_eq!(part(253.0, 256.0), "253 (99%)");
         assert_eq!(part(1.0, 16.0), "1 (6%)");
         assert_eq!(part(256.0, 256.0), "256 (100%)");
+        assert_eq!(part(0.0, 256.0), "0 (0%)");
+    }
+
+    #[test]
+    fn an_empty_pool_is_zero_percent_used() {
+        let pool: crate::datastore::ipam_model::IpPool = serde_json::from_value(json!({
+            "metadata": {"name": "p"}, "spec": {"cidr": "10.1.0.0/24"}
+        }))
+        .unwrap();
+        let inv = Inventory {
+            pools: vec![pool],
+            ..Inventory::default()
+        };
+        let table = usage(&inv, true, false);
+        assert!(
+            table.contains("| IP Pool  | 10.1.0.0/24 |       256 | 0 (0%)     | 256 (100%) |"),
+            "{table}"
+        );
     }
 
     #[test]
