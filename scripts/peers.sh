@@ -3,13 +3,15 @@
 # Go modules (peers/*/go.mod and go.sum, our own wrapper modules), into a
 # cache that later runs reuse:
 #
-#   kube-apiserver, kube-controller-manager   k8s.io/kubernetes  (peers/kubernetes)
+#   kube-apiserver, kube-controller-manager,  k8s.io/kubernetes  (peers/kubernetes)
+#   kube-scheduler, kubelet
 #   etcd, etcdctl                             go.etcd.io/etcd    (peers/etcd)
 #   crictl                                    sigs.k8s.io/cri-tools (peers/cri-tools)
 #   cnitool, host-local, ptp, portmap,        containernetworking/cni and
 #   bandwidth, loopback                       /plugins           (peers/cni)
 #   containerd, ctr, containerd-shim-runc-v2  containerd/containerd/v2 (peers/containerd)
 #   pause                                     peers/pause/pause.c (static, for the sandbox image)
+#   echo                                      peers/echo/echo.c (static, the node tests' workload image)
 #   calico, calico-ipam, calicoctl            Calico v3.32.1, prebuilt (not buildable from the
 #                                             module proxy): unpacked into $PEERS_CACHE/bin/calico-v3.32.1
 #
@@ -105,7 +107,9 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 build kubernetes 0 "" "$kube_ldflags" \
   kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
-  kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager
+  kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+  kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
+  kubelet=k8s.io/kubernetes/cmd/kubelet
 
 # The sandbox image's process: sleeps until a signal, reaps children.
 pause_stamp=$(sha256sum peers/pause/pause.c | cut -c1-16)
@@ -113,6 +117,13 @@ if [ ! -x "$bin/pause" ] || [ "$(cat "$cache/stamps/pause" 2>/dev/null)" != "$pa
   cc -static -Os -o "$bin/pause" peers/pause/pause.c
   echo "$pause_stamp" >"$cache/stamps/pause"
   echo "peers: built pause"
+fi
+# The test workload image's program (tests/node.rs): HTTP/UDP echo and probe.
+echo_stamp=$(sha256sum peers/echo/echo.c | cut -c1-16)
+if [ ! -x "$bin/echo" ] || [ "$(cat "$cache/stamps/echo" 2>/dev/null)" != "$echo_stamp" ]; then
+  cc -static -Os -o "$bin/echo" peers/echo/echo.c
+  echo "$echo_stamp" >"$cache/stamps/echo"
+  echo "peers: built echo"
 fi
 # Calico's own binaries (prebuilt; see CALICO_RELEASE_DIR above).
 calico_src=${CALICO_RELEASE_DIR:-$root/../shared/calico/v3.32.1}

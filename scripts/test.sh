@@ -28,6 +28,15 @@ cargo fmt --all -- --check
 cargo clippy --locked --all-targets --features fault-injection -- -D warnings
 cargo test --locked --features fault-injection
 echo "test.sh: tests done at $((SECONDS - t0)) s"
+# The node stage: a real kubelet, kube-scheduler and containerd on the test
+# bed, this build installed by `calico install` (scripts/testbed-node.sh),
+# after the other tests so that the node's plugin calls never meet theirs.
+# (The node's tests are #[ignore]d in the run above; the plugin installed is
+# the debug build that run made.)
+bash scripts/testbed.sh up --node
+eval "$(bash scripts/testbed.sh env)"
+cargo test --locked --features fault-injection --test node -- --ignored --test-threads=1
+echo "test.sh: node stage done at $((SECONDS - t0)) s"
 # The benchmark harness in a small configuration: fails on any failure or leak.
 cargo build --locked --release --bins --examples
 # The release link: fails when link/symbol-order.txt has gone stale.

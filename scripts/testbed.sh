@@ -2,6 +2,9 @@
 # The test bed: a real control plane on loopback, for the tests and by hand.
 #
 #   scripts/testbed.sh up     start (idempotent: a running, healthy bed is kept)
+#   scripts/testbed.sh up --node   and the node: kubelet, kube-scheduler, its
+#                             containerd, this plugin installed by `calico install`
+#                             (scripts/testbed-node.sh)
 #   scripts/testbed.sh env    shell exports for the tests (eval "$(scripts/testbed.sh env)")
 #   scripts/testbed.sh down   stop everything and remove what `up` made
 #
@@ -333,24 +336,25 @@ cni_kubeconfig() {
   chmod 600 "$kc"
 }
 
-# The sandbox image: the static pause binary as an OCI image layout tar.
-pause_image() {
-  local out=$dir/pause-image.tar
+# oci_image OUT NAME BINARY ENTRYPOINT-JSON: an OCI image layout tar of one
+# static binary at /<its name>, named NAME (what `ctr images import` reads).
+oci_image() {
+  local out=$1 name=$2 binary=$3 entrypoint=$4
   [ -f "$out" ] && return 0
   local w
   w=$(mktemp -d)
   mkdir -p "$w/rootfs" "$w/oci/blobs/sha256"
-  install -m 0755 "$bin/pause" "$w/rootfs/pause"
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$w/rootfs" -cf "$w/layer.tar" pause
+  install -m 0755 "$binary" "$w/rootfs/$(basename "$binary")"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$w/rootfs" -cf "$w/layer.tar" .
   local diff_id layer layer_size config config_size manifest manifest_size
   diff_id=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
   gzip -n -9 <"$w/layer.tar" >"$w/layer.tar.gz"
   layer=$(sha256sum "$w/layer.tar.gz" | cut -d' ' -f1)
   layer_size=$(stat -c %s "$w/layer.tar.gz")
   mv "$w/layer.tar.gz" "$w/oci/blobs/sha256/$layer"
-  jq -cn --arg d "sha256:$diff_id" '{
+  jq -cn --arg d "sha256:$diff_id" --argjson e "$entrypoint" '{
     architecture: "amd64", os: "linux",
-    config: {Entrypoint: ["/pause"], User: "65535:65535"},
+    config: {Entrypoint: $e, User: "65535:65535"},
     rootfs: {type: "layers", diff_ids: [$d]}
   }' >"$w/config.json"
   config=$(sha256sum "$w/config.json" | cut -d' ' -f1)
@@ -365,7 +369,7 @@ pause_image() {
   manifest_size=$(stat -c %s "$w/manifest.json")
   mv "$w/manifest.json" "$w/oci/blobs/sha256/$manifest"
   echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci/oci-layout"
-  jq -cn --arg m "sha256:$manifest" --argjson ms "$manifest_size" --arg name "$pause_image" '{
+  jq -cn --arg m "sha256:$manifest" --argjson ms "$manifest_size" --arg name "$name" '{
     schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json",
     manifests: [{mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $m, size: $ms,
       platform: {architecture: "amd64", os: "linux"},
@@ -374,6 +378,11 @@ pause_image() {
   tar --sort=name --owner=0 --group=0 --numeric-owner -C "$w/oci" -cf "$out.new" oci-layout index.json blobs
   mv -f "$out.new" "$out"
   rm -rf "$w"
+}
+
+# The sandbox image: the static pause binary.
+pause_image() {
+  oci_image "$dir/pause-image.tar" "$pause_image" "$bin/pause" '["/pause"]'
 }
 
 print_env() {
@@ -402,6 +411,14 @@ export TESTBED_CALICO_ETCD_CA='$p/ca.crt'
 export TESTBED_CALICO_ETCD_CERT='$p/calico-cni.crt'
 export TESTBED_CALICO_ETCD_KEY='$p/calico-cni.key'
 EOF
+  if [ -d "$node_dir" ]; then
+    cat <<EOF
+export TESTBED_NODE='$node_name'
+export TESTBED_NODE_POOL='$node_pool_cidr'
+export TESTBED_NODE_DIR='$node_dir'
+export TESTBED_ECHO_IMAGE='$echo_image'
+EOF
+  fi
 }
 
 up() {
@@ -422,6 +439,7 @@ up() {
 }
 
 down() {
+  node_down
   stop kube-controller-manager
   stop kube-apiserver
   local i
@@ -431,10 +449,19 @@ down() {
   log "down"
 }
 
+# shellcheck source=scripts/testbed-node.sh
+. scripts/testbed-node.sh
+
 bin=$(bash scripts/peers.sh --print-bin)
 case ${1:-} in
-  up) up ;;
+  up)
+    case ${2:-} in
+      "") up ;;
+      --node) up && node_up ;;
+      *) echo "usage: $0 up [--node]" >&2; exit 2 ;;
+    esac
+    ;;
   env) print_env ;;
   down) down ;;
-  *) echo "usage: $0 up|env|down" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--node]|env|down" >&2; exit 2 ;;
 esac

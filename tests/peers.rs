@@ -53,8 +53,10 @@ fn the_control_plane_says_its_version() {
         !version["buildDate"].as_str().unwrap().starts_with("1970"),
         "{version}"
     );
-    let kcm = output(&bed.peer("kube-controller-manager"), &["--version"]);
-    assert_eq!(kcm.trim(), format!("Kubernetes {want}"));
+    for peer in ["kube-controller-manager", "kube-scheduler", "kubelet"] {
+        let said = output(&bed.peer(peer), &["--version"]);
+        assert_eq!(said.trim(), format!("Kubernetes {want}"), "{peer}");
+    }
 }
 
 #[test]
