@@ -36,6 +36,8 @@ echo "test.sh: tests done at $((SECONDS - t0)) s"
 bash scripts/testbed.sh up --node
 eval "$(bash scripts/testbed.sh env)"
 cargo test --locked --features fault-injection --test node -- --ignored --test-threads=1
+# (Down before the benchmark, which the node's own work would disturb.)
+bash scripts/testbed.sh node-down
 echo "test.sh: node stage done at $((SECONDS - t0)) s"
 # The benchmark harness in a small configuration: fails on any failure or leak.
 cargo build --locked --release --bins --examples

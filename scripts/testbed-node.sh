@@ -101,6 +101,21 @@ node_install() {
     || die "calico install failed: $(tail -n 5 "$dir/logs/node-install.log")"
 }
 
+node_start_kubelet() {
+  start kubelet "$bin/kubelet" --config="$node_dir/kubelet-config.yaml" \
+    --kubeconfig="$node_dir/kubelet.kubeconfig" --hostname-override="$node_name" \
+    --root-dir="$node_dir/kubelet" --cert-dir="$node_dir/kubelet/pki" --v=1
+}
+
+# kubelet stopped (TERM) and started again, as a node's service manager
+# restarts it; tests/node.rs does it in the middle of pod churn.
+node_restart_kubelet() {
+  [ -d "$node_dir" ] || die "no node (scripts/testbed.sh up --node)"
+  stop kubelet
+  node_start_kubelet
+  wait_for "kubelet healthz" 60 curl -sf --max-time 2 "http://127.0.0.1:$kubelet_healthz_port/healthz"
+}
+
 node_up() {
   [ -x "$bin/kubelet" ] && [ -x "$bin/kube-scheduler" ] || die "kubelet/kube-scheduler not built (scripts/peers.sh)"
   [ -x /usr/sbin/runc ] || die "runc is not installed (Debian package runc)"
@@ -147,9 +162,7 @@ node_up() {
   start kube-scheduler "$bin/kube-scheduler" --kubeconfig="$kc" --authentication-kubeconfig="$kc" \
     --authorization-kubeconfig="$kc" --bind-address=127.0.0.1 --secure-port="$scheduler_port" \
     --leader-elect=false --v=1
-  start kubelet "$bin/kubelet" --config="$node_dir/kubelet-config.yaml" \
-    --kubeconfig="$node_dir/kubelet.kubeconfig" --hostname-override="$node_name" \
-    --root-dir="$node_dir/kubelet" --cert-dir="$node_dir/kubelet/pki" --v=1
+  node_start_kubelet
   wait_for "Node $node_name" 60 admin GET "/api/v1/nodes/$node_name"
   # No pool for it yet: our STATUS answers 50 and the node stays NotReady
   # (what kubelet said is kept for tests/node.rs).

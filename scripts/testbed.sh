@@ -5,6 +5,8 @@
 #   scripts/testbed.sh up --node   and the node: kubelet, kube-scheduler, its
 #                             containerd, this plugin installed by `calico install`
 #                             (scripts/testbed-node.sh)
+#   scripts/testbed.sh restart-kubelet   the node's kubelet stopped and started again
+#   scripts/testbed.sh node-down   the node only
 #   scripts/testbed.sh env    shell exports for the tests (eval "$(scripts/testbed.sh env)")
 #   scripts/testbed.sh down   stop everything and remove what `up` made
 #
@@ -463,5 +465,7 @@ case ${1:-} in
     ;;
   env) print_env ;;
   down) down ;;
-  *) echo "usage: $0 up [--node]|env|down" >&2; exit 2 ;;
+  restart-kubelet) node_restart_kubelet ;;
+  node-down) node_down ;;
+  *) echo "usage: $0 up [--node]|env|down|restart-kubelet|node-down" >&2; exit 2 ;;
 esac

@@ -388,15 +388,16 @@ fn the_node_is_ready_with_our_network() {
     let Some((bed, node, _)) = node(test) else {
         return;
     };
-    let n = bed.get(&format!("/api/v1/nodes/{node}")).expect("the node");
-    let ready = n["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(ready["status"], "True", "{n:#}");
+    // (Bounded: a test before may have just given the node back its
+    // plugin, which kubelet sees at its next runtime status poll.)
+    let n = wait_until("the node Ready", Duration::from_secs(60), || {
+        let n = bed.get(&format!("/api/v1/nodes/{node}")).expect("the node");
+        let ready = n["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        (ready, n)
+    });
     assert_eq!(
         n["status"]["nodeInfo"]["kubeletVersion"], "v1.36.3",
         "{n:#}"
@@ -579,4 +580,136 @@ fn crictl(bed: &Testbed, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// kubelet restarted while 20 pods start: they all become ready, no two
+/// with one address and each with one allocation; back to 0, nothing left.
+#[test]
+#[ignore = "the node stage of scripts/test.sh: -- --ignored with the node up"]
+fn kubelet_restarted_mid_way_leaks_nothing() {
+    let test = "node_kubelet_restarted_mid_way_leaks_nothing";
+    let Some((bed, node, pool)) = node(test) else {
+        return;
+    };
+    let ns = bed.namespace(json!({}), json!({}));
+    let before = Before::now(bed, &pool);
+    deployment(bed, &ns, "churn", &node, 20);
+    // Some pods have their sandbox, some not yet.
+    wait_until("the first pods started", Duration::from_secs(60), || {
+        let started = pods(bed, &ns, "churn")
+            .iter()
+            .filter(|p| p["status"]["podIP"].is_string())
+            .count();
+        (started >= 3, started)
+    });
+    testbed_script(&["restart-kubelet"]);
+    let up = running(bed, &ns, "churn", 20);
+    let ips: BTreeSet<IpAddr> = up.iter().map(|(_, ip)| *ip).collect();
+    assert_eq!(ips.len(), 20, "an address twice: {up:?}");
+    let held: BTreeSet<IpAddr> = allocated(bed, &pool)
+        .difference(&before.allocated)
+        .copied()
+        .collect();
+    assert_eq!(held, ips, "allocations beside the pods' addresses");
+    scale_to_zero(bed, &ns, "churn");
+    before.nothing_left(bed, &ns, &up);
+}
+
+/// The node's plugin swapped for Calico v3.32.1's binary and back while
+/// pods run (as an operator rolling calico/cni back and forth): pods added
+/// by either binary and deleted by either leave nothing.
+#[test]
+#[ignore = "the node stage of scripts/test.sh: -- --ignored with the node up"]
+fn swapped_for_calicos_binary_and_back() {
+    let test = "node_swapped_for_calicos_binary_and_back";
+    let Some((bed, node, pool)) = node(test) else {
+        return;
+    };
+    let Some(theirs) = common::testbed::peer(test, "calico-v3.32.1/calico") else {
+        return;
+    };
+    // calico-node writes the node's name here; Calico's binary insists on
+    // it. (Removed again when this test made it.)
+    struct NodenameFile(bool);
+    impl Drop for NodenameFile {
+        fn drop(&mut self) {
+            if self.0 {
+                let _ = std::fs::remove_file("/var/lib/calico/nodename");
+            }
+        }
+    }
+    let nodename = std::path::Path::new("/var/lib/calico/nodename");
+    let _made = NodenameFile(!nodename.exists());
+    std::fs::create_dir_all("/var/lib/calico").unwrap();
+    std::fs::write(nodename, &node).unwrap();
+    let node_dir = std::path::PathBuf::from(bed.var("TESTBED_NODE_DIR"));
+    let binary = node_dir.join("host/opt/cni/bin/calico");
+    let conflist = node_dir.join("host/etc/cni/net.d/10-calico.conflist");
+    let ours = (
+        std::fs::read(&binary).unwrap(),
+        std::fs::read(&conflist).unwrap(),
+    );
+    // Calico's install renders the stock text as it is: cniVersion 0.3.1
+    // (the node's 1.1.0 is for STATUS, which Calico's binary does not answer).
+    let mut stock: Value = serde_json::from_slice(&ours.1).unwrap();
+    stock["cniVersion"] = json!("0.3.1");
+    let theirs = (
+        std::fs::read(&theirs).unwrap(),
+        serde_json::to_vec_pretty(&stock).unwrap(),
+    );
+    // As an installer writes: a new file renamed over the old.
+    fn put(path: &std::path::Path, bytes: &[u8], mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = path.with_extension("swap");
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+    struct Installed<'a>(&'a std::path::Path, &'a std::path::Path, (Vec<u8>, Vec<u8>));
+    impl Installed<'_> {
+        fn put(&self, which: &(Vec<u8>, Vec<u8>)) {
+            put(self.0, &which.0, 0o755);
+            put(self.1, &which.1, 0o644);
+        }
+    }
+    // Ours again whatever happens here, for the tests after this one.
+    impl Drop for Installed<'_> {
+        fn drop(&mut self) {
+            self.put(&self.2);
+        }
+    }
+    let installed = Installed(&binary, &conflist, ours.clone());
+    let ns = bed.namespace(json!({}), json!({}));
+    let before = Before::now(bed, &pool);
+    deployment(bed, &ns, "a", &node, 4);
+    let by_ours = running(bed, &ns, "a", 4);
+    installed.put(&theirs);
+    deployment(bed, &ns, "b", &node, 4);
+    let by_theirs = running(bed, &ns, "b", 4);
+    for (pod, ip) in &by_theirs {
+        assert!(pool.contains(ip), "{pod}: {ip}");
+        assert_eq!(echo_from_node(*ip).0.as_deref(), Ok(pod.as_str()));
+    }
+    // Calico's binary deletes pods ours added.
+    scale_to_zero(bed, &ns, "a");
+    installed.put(&ours);
+    // Ours deletes pods Calico's added.
+    scale_to_zero(bed, &ns, "b");
+    let all: Vec<(String, IpAddr)> = by_ours.into_iter().chain(by_theirs).collect();
+    before.nothing_left(bed, &ns, &all);
+}
+
+/// scripts/testbed.sh with `args`; panics with its output when it fails.
+fn testbed_script(args: &[&str]) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/testbed.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "testbed.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
