@@ -495,32 +495,7 @@ fn one_node_two_binaries() {
 /// Calico's calicoctl on a world's datastore (`args`), its stdout; panics
 /// with its output when it fails.
 fn calicoctl(w: &World, c: &Calico, args: &[&str]) -> String {
-    let bed = common::testbed::testbed("calicoctl").expect("the test bed");
-    let mut cmd = std::process::Command::new(c.dir.join("calicoctl"));
-    cmd.args(args).arg("--allow-version-mismatch").env_clear();
-    match w.backend {
-        Backend::Kdd => {
-            cmd.env("DATASTORE_TYPE", "kubernetes")
-                .env("KUBECONFIG", bed.var("KUBECONFIG"));
-        }
-        _ => {
-            let a = w.etcd_access();
-            cmd.env("DATASTORE_TYPE", "etcdv3")
-                .env("ETCD_ENDPOINTS", a.endpoints_csv())
-                .env("ETCD_CA_CERT_FILE", &a.ca)
-                .env("ETCD_CERT_FILE", &a.cert)
-                .env("ETCD_KEY_FILE", &a.key)
-                .env("KUBECONFIG", bed.var("KUBECONFIG"));
-        }
-    }
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "calicoctl {args:?}: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    w.calicoctl(&c.dir.join("calicoctl"), args)
 }
 
 /// An object as calicoctl prints it, without what differs between two

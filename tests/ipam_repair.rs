@@ -36,37 +36,6 @@ fn ours(conf: &Path, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// Calico's calicoctl on the world's datastore: its stdout.
-fn calicoctl(w: &World, binary: &Path, args: &[&str]) -> String {
-    let bed = common::testbed::testbed("calicoctl").expect("the test bed");
-    let mut cmd = Command::new(binary);
-    cmd.args(args)
-        .arg("--allow-version-mismatch")
-        .env_clear()
-        .env("KUBECONFIG", bed.var("KUBECONFIG"));
-    match w.backend {
-        Backend::Kdd => {
-            cmd.env("DATASTORE_TYPE", "kubernetes");
-        }
-        _ => {
-            let a = w.etcd_access();
-            cmd.env("DATASTORE_TYPE", "etcdv3")
-                .env("ETCD_ENDPOINTS", a.endpoints_csv())
-                .env("ETCD_CA_CERT_FILE", &a.ca)
-                .env("ETCD_CERT_FILE", &a.cert)
-                .env("ETCD_KEY_FILE", &a.key);
-        }
-    }
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "calicoctl {args:?}: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 /// The lines of calicoctl's problem sections (after the inventory, before
 /// ours beyond it) that name this world's addresses.
 fn world_problems(w: &World, text: &str) -> Vec<String> {
@@ -287,8 +256,7 @@ fn repair(test: &str, backend: Backend) {
     if let Some(ctl) = &calicoctl_bin {
         // calicoctl on the same data: the same problems, the same entries.
         let their_path = w.dir.path().join("their-report.json");
-        let theirs = calicoctl(
-            &w,
+        let theirs = w.calicoctl(
             ctl,
             &[
                 "ipam",
@@ -317,7 +285,7 @@ fn repair(test: &str, backend: Backend) {
         ] {
             assert_eq!(report[key], their_report[key], "{key}");
         }
-        let their_blocks = calicoctl(&w, ctl, &["ipam", "show", "--show-blocks"]);
+        let their_blocks = w.calicoctl(ctl, &["ipam", "show", "--show-blocks"]);
         // (Column widths follow the whole cluster's rows: cells compared.)
         let cells = |line: String| -> Vec<String> {
             line.split('|').map(|c| c.trim().to_string()).collect()
@@ -329,7 +297,7 @@ fn repair(test: &str, backend: Backend) {
                 "{what}"
             );
         }
-        let their_ip = calicoctl(&w, ctl, &["ipam", "show", &format!("--ip={kept}")]);
+        let their_ip = w.calicoctl(ctl, &["ipam", "show", &format!("--ip={kept}")]);
         assert_eq!(shown, their_ip);
     }
 

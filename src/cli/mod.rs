@@ -225,6 +225,21 @@ pub enum Cli {
     },
 }
 
+/// A flag's value: given inline (`--flag=value`), else the next argument.
+fn flag_value<'a>(
+    flag: &str,
+    inline: Option<String>,
+    rest: &mut impl Iterator<Item = &'a String>,
+) -> Result<String, String> {
+    match inline {
+        Some(v) => Ok(v),
+        None => rest
+            .next()
+            .cloned()
+            .ok_or_else(|| format!("{flag} needs a value")),
+    }
+}
+
 /// Parses `show|check|release …` (calicoctl's flags, `--flag=value` or
 /// `--flag value`).
 fn parse_tool(noun: &str, args: &[String]) -> Result<Cli, String> {
@@ -260,13 +275,7 @@ fn parse_tool(noun: &str, args: &[String]) -> Result<Cli, String> {
         if !known {
             return Err(format!("unknown flag {flag:?} for {noun}"));
         }
-        let value = match inline {
-            Some(v) => v,
-            None => rest
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))?,
-        };
+        let value = flag_value(flag, inline, &mut rest)?;
         match flag {
             "--ip" => {
                 ip = Some(
@@ -398,13 +407,7 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
             }
             continue;
         }
-        let value = match inline {
-            Some(v) => v,
-            None => rest
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))?,
-        };
+        let value = flag_value(flag, inline, &mut rest)?;
         match opt {
             Opt::BlockSize => {
                 let n = value

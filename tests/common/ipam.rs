@@ -273,6 +273,38 @@ impl World {
     }
 
     /// The shared etcd cluster's access (an Etcd world).
+    /// Calico's calicoctl (`binary`) on this world's datastore (`args`):
+    /// its stdout; panics with its output when it fails.
+    pub fn calicoctl(&self, binary: &std::path::Path, args: &[&str]) -> String {
+        let bed = testbed("calicoctl").expect("the test bed");
+        let mut cmd = std::process::Command::new(binary);
+        cmd.args(args)
+            .arg("--allow-version-mismatch")
+            .env_clear()
+            .env("KUBECONFIG", bed.var("KUBECONFIG"));
+        match self.backend {
+            Backend::Kdd => {
+                cmd.env("DATASTORE_TYPE", "kubernetes");
+            }
+            _ => {
+                let a = self.etcd_access();
+                cmd.env("DATASTORE_TYPE", "etcdv3")
+                    .env("ETCD_ENDPOINTS", a.endpoints_csv())
+                    .env("ETCD_CA_CERT_FILE", &a.ca)
+                    .env("ETCD_CERT_FILE", &a.cert)
+                    .env("ETCD_KEY_FILE", &a.key);
+            }
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "calicoctl {args:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
     pub fn etcd_access(&self) -> &super::etcd::EtcdAccess {
         &self.etcd.as_ref().expect("an Etcd world").access
     }
