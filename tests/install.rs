@@ -84,7 +84,17 @@ fn image(extra: usize) -> tempfile::TempDir {
 fn binaries_are_replaced_while_the_old_ones_run() {
     let host = Host::new();
     // The old plugin, running (a long sleep under the plugin's name).
-    std::fs::copy("/bin/sleep", host.bin("calico")).unwrap();
+    // Copied by a child process, not in this one: a file this process
+    // holds open for writing is inherited by any child another test's
+    // thread forks meanwhile, and exec'ing it then fails with ETXTBSY
+    // until that child has exec'd (the race is the test harness's, not
+    // the installer's).
+    let copied = Command::new("cp")
+        .arg("/bin/sleep")
+        .arg(host.bin("calico"))
+        .status()
+        .unwrap();
+    assert!(copied.success());
     let mut old = Command::new(host.bin("calico"))
         .arg("300")
         .stdout(Stdio::null())
