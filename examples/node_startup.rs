@@ -3,9 +3,9 @@
 //! Run as root with the node up:
 //!
 //!     bash scripts/testbed.sh up --node && eval "$(bash scripts/testbed.sh env)"
-//!     cargo run --release --example node_startup -- [--single 10] [--burst 50]
+//!     cargo run --release --example node_startup -- [--single 10] [--burst 50] [--rounds 2]
 //!
-//! For each binary (installed as an installer does: the file renamed over
+//! Each round, for each binary in turn (installed as an installer does: the file renamed over
 //! the node's `calico`; the same conflist for both, Calico's stock text at
 //! cniVersion 0.3.1, which Calico's binary accepts): `--single` times one pod
 //! at a time from its creation through the API to phase Running and to the
@@ -91,9 +91,12 @@ fn pod(name: &str, node: &str) -> Value {
 }
 
 /// Times from creation to Running and to the first connection, per pod.
+#[derive(Default)]
 struct Timed {
     running: Vec<f64>,
     connected: Vec<f64>,
+    /// The CNI chain's CPU time over these pods.
+    cpu_ms: f64,
 }
 
 /// Creates `n` pods at once in `ns` and times each.
@@ -139,6 +142,7 @@ fn start(ns: &str, node: &str, n: usize) -> Timed {
     Timed {
         running: running.into_iter().flatten().collect(),
         connected: connected.into_iter().flatten().collect(),
+        cpu_ms: 0.0,
     }
 }
 
@@ -180,7 +184,7 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .map_or(default, |v| v.parse().expect("a number"))
     };
-    let (single, burst) = (arg("--single", 10), arg("--burst", 50));
+    let (single, burst, rounds) = (arg("--single", 10), arg("--burst", 50), arg("--rounds", 2));
     let node = var("TESTBED_NODE");
     let node_dir = PathBuf::from(var("TESTBED_NODE_DIR"));
     let binary = node_dir.join("host/opt/cni/bin/calico");
@@ -205,28 +209,34 @@ fn main() {
         Some(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})),
     );
 
+    // Rounds alternate the binaries (ours, Calico's, ours, ...) so that a
+    // drift of the machine's load over the run falls on both alike.
+    let plugins = [("ours", &ours.0), ("Calico v3.32.1", &theirs)];
+    let mut results: Vec<[Timed; 2]> = plugins.iter().map(|_| Default::default()).collect();
+    for _ in 0..rounds {
+        for (i, (_, bytes)) in plugins.iter().enumerate() {
+            put(&binary, bytes, 0o755);
+            put(&conflist, &stock, 0o644);
+            std::thread::sleep(Duration::from_secs(2)); // containerd reloads the config
+            for (j, (at_once, times)) in [(1, single), (burst, 1)].into_iter().enumerate() {
+                let ticks = children_cpu_ticks();
+                for _ in 0..times {
+                    let t = start(&ns, &node, at_once);
+                    clear(&ns);
+                    results[i][j].running.extend(t.running);
+                    results[i][j].connected.extend(t.connected);
+                }
+                // (USER_HZ is 100 on Linux.)
+                results[i][j].cpu_ms += (children_cpu_ticks() - ticks) as f64 * 10.0;
+            }
+        }
+    }
     println!(
         "| plugin | pods at once | pods | to Running p50 ms | p99 | to first connection p50 ms | p99 | CNI CPU ms per pod (ADD+DEL) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    for (label, bytes) in [("ours", &ours.0), ("Calico v3.32.1", &theirs)] {
-        put(&binary, bytes, 0o755);
-        put(&conflist, &stock, 0o644);
-        std::thread::sleep(Duration::from_secs(2)); // containerd reloads the config
-        for (at_once, rounds) in [(1, single), (burst, 1)] {
-            let mut all = Timed {
-                running: Vec::new(),
-                connected: Vec::new(),
-            };
-            let ticks = children_cpu_ticks();
-            for _ in 0..rounds {
-                let t = start(&ns, &node, at_once);
-                clear(&ns);
-                all.running.extend(t.running);
-                all.connected.extend(t.connected);
-            }
-            // (USER_HZ is 100 on Linux.)
-            let cpu_ms = (children_cpu_ticks() - ticks) as f64 * 10.0;
+    for ((label, _), timed) in plugins.iter().zip(&results) {
+        for (at_once, all) in [1, burst].into_iter().zip(timed) {
             let pods = all.running.len();
             println!(
                 "| {label} | {at_once} | {pods} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} |",
@@ -234,7 +244,7 @@ fn main() {
                 quantile(&all.running, 0.99),
                 quantile(&all.connected, 0.5),
                 quantile(&all.connected, 0.99),
-                cpu_ms / pods as f64
+                all.cpu_ms / pods as f64
             );
         }
     }

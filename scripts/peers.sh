@@ -12,6 +12,9 @@
 #   containerd, ctr, containerd-shim-runc-v2  containerd/containerd/v2 (peers/containerd)
 #   pause                                     peers/pause/pause.c (static, for the sandbox image)
 #   echo                                      peers/echo/echo.c (static, the node tests' workload image)
+#   with --e2e (scripts/node-e2e.sh), also:
+#   e2e.test, agnhost                         k8s.io/kubernetes/test/e2e and
+#                                             test/images/agnhost (peers/kubernetes-e2e)
 #   calico, calico-ipam, calicoctl            Calico v3.32.1, prebuilt (not buildable from the
 #                                             module proxy): unpacked into $PEERS_CACHE/bin/calico-v3.32.1
 #
@@ -20,7 +23,7 @@
 # `--version` and the like answer v1.36.3, 3.6.16, ... instead of the
 # placeholders of a plain `go build`.
 #
-# Usage: scripts/peers.sh [--print-bin]
+# Usage: scripts/peers.sh [--print-bin | --e2e]
 #   PEERS_CACHE (default /var/cache/calico-cni-peers): binaries in $PEERS_CACHE/bin.
 #   CALICO_RELEASE_DIR (default ../shared/calico/v3.32.1 beside the checkout):
 #     a directory holding Calico v3.32.1's `calico` and `calicoctl`, plain or
@@ -37,6 +40,8 @@ cache=${PEERS_CACHE:-/var/cache/calico-cni-peers}
 bin=$cache/bin
 mkdir -p "$bin" "$cache/stamps"
 [ "${1:-}" = --print-bin ] && { echo "$bin"; exit 0; }
+e2e=0
+[ "${1:-}" = --e2e ] && e2e=1
 
 export GOFLAGS=-mod=readonly GOTOOLCHAIN=local
 gover=$(go env GOVERSION)
@@ -64,8 +69,11 @@ build() {
   fi
   local start=$SECONDS
   for spec in "$@"; do
-    local name=${spec%%=*} pkg=${spec#*=}
-    (cd "$dir" && CGO_ENABLED=$cgo go build -trimpath -tags "$tags" -ldflags="-s -w $ldflags" \
+    local name=${spec%%=*} pkg=${spec#*=} verb=build
+    # (test:PACKAGE: the package's test binary, `go test -c`.)
+    [ "${pkg#test:}" != "$pkg" ] && { verb="test -c"; pkg=${pkg#test:}; }
+    # shellcheck disable=SC2086
+    (cd "$dir" && CGO_ENABLED=$cgo go $verb -trimpath -tags "$tags" -ldflags="-s -w $ldflags" \
       -o "$bin/$name.new" "$pkg")
     mv -f "$bin/$name.new" "$bin/$name"
   done
@@ -110,6 +118,12 @@ build kubernetes 0 "" "$kube_ldflags" \
   kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
   kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
   kubelet=k8s.io/kubernetes/cmd/kubelet
+# Kubernetes' e2e suite and its agnhost test image's program, same release
+# and stamps (their own wrapper module: the suite's dependencies stay out of
+# the control plane's).
+[ $e2e = 1 ] && build kubernetes-e2e 0 "" "$kube_ldflags" \
+  agnhost=k8s.io/kubernetes/test/images/agnhost \
+  e2e.test=test:k8s.io/kubernetes/test/e2e
 
 # The sandbox image's process: sleeps until a signal, reaps children.
 pause_stamp=$(sha256sum peers/pause/pause.c | cut -c1-16)

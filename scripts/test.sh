@@ -14,10 +14,10 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping containernetworking-plugins time sqlite3 \
-  openssl curl jq runc iptables strace >/dev/null
+  openssl curl jq runc iptables strace netcat-openbsd >/dev/null
 bash scripts/install-cnitool.sh
 
-bash scripts/peers.sh
+bash scripts/peers.sh --e2e
 echo "test.sh: peers ready at $((SECONDS - t0)) s"
 trap 'bash scripts/testbed.sh down' EXIT
 bash scripts/testbed.sh up
@@ -36,6 +36,10 @@ echo "test.sh: tests done at $((SECONDS - t0)) s"
 bash scripts/testbed.sh up --node
 eval "$(bash scripts/testbed.sh env)"
 cargo test --locked --features fault-injection --test node -- --ignored --test-threads=1
+# Kubernetes' own pod-network conformance tests on that node
+# ([sig-network] Networking Granular Checks: Pods, from e2e.test).
+bash scripts/node-e2e.sh
+echo "test.sh: node stage done at $((SECONDS - t0)) s"
 # (Down before the benchmark, which the node's own work would disturb.)
 bash scripts/testbed.sh node-down
 echo "test.sh: node stage done at $((SECONDS - t0)) s"

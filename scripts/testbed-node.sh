@@ -2,9 +2,11 @@
 # a real kubelet and kube-scheduler (built by scripts/peers.sh from
 # k8s.io/kubernetes like the control plane), the node's own containerd with
 # Debian's runc, and this plugin installed by `calico install` exactly as
-# Calico's install-cni init container runs it (its image's /opt/cni/bin,
-# Calico's stock Kubernetes conflist text, a CNI kubeconfig minted with
-# TokenRequest by a calico-node ServiceAccount), plus an IPPool for the node.
+# Calico's manifest runs its install-cni: a calico-node DaemonSet
+# (testbed/node/calico-node.json) whose init container runs the CNI image's
+# install with Calico's stock Kubernetes conflist text from the
+# calico-config ConfigMap and the pod's ServiceAccount token, minting the
+# CNI kubeconfig's token with TokenRequest; plus an IPPool for the node.
 #
 # The conflist template is Calico's stock Kubernetes text (written from its
 # field list) with one change: cniVersion 1.1.0 instead of 0.3.1, since libcni
@@ -12,18 +14,20 @@
 # is to follow our STATUS.
 #
 # Under $TESTBED_DIR/node:
-#   image/        what Calico's CNI image holds in /opt/cni/bin: calico
-#                 (CALICO_BIN, default the debug build), calico-ipam and
-#                 install as links, portmap and loopback
-#   host/         the host as install sees it (--host-root): opt/cni/bin and
-#                 etc/cni/net.d, where containerd reads them
-#   sa/           the calico-node ServiceAccount's token, CA and namespace
-#                 (what a pod has in /var/run/secrets/kubernetes.io/serviceaccount)
-#   containerd/, kubelet/, pod-logs/, volume-plugins/, pki/, sysctl.orig
+#   cni-image.tar  Calico's CNI image as our build fills it (/opt/cni/bin:
+#                 calico (CALICO_BIN, default the debug build), calico-ipam
+#                 and install as links, portmap and loopback), imported as
+#                 calico-cni.test/cni:1, as are the echo and (when built)
+#                 agnhost images
+#   host/         the host's CNI directories, opt/cni/bin and etc/cni/net.d,
+#                 where containerd reads them and the DaemonSet mounts them
+#   containerd/, kubelet/, pod-logs/, volume-plugins/, sysctl.orig
 #
-# The Node becomes Ready only when containerd's CNI STATUS call (our STATUS)
-# says the network is ready: node_up creates the IPPool only after the Node
-# has registered NotReady for want of it, and waits for Ready. No
+# kubelet starts with no network config: only host-network pods (the
+# DaemonSet's) can run. The Node becomes Ready only when containerd's CNI
+# STATUS call (our STATUS) says the network is ready: node_up creates the
+# IPPool only after the Node has said NotReady for want of it (our STATUS's
+# message), and waits for Ready. No
 # node-lifecycle controller runs in the test bed (its fake nodes have no
 # kubelet), so node_up removes the not-ready taint kubelet registers with.
 # Nothing runs outside $TESTBED_DIR but what kubelet insists on
@@ -36,16 +40,27 @@ node_name=testbed-node
 node_pool=testbed-node-pool
 node_pool_cidr=10.252.0.0/16
 echo_image=calico-cni.test/echo:1
+cni_image=calico-cni.test/cni:1
+# The name and tag the e2e suite of the node's Kubernetes release asks for
+# (test/utils/image/manifest.go); imported, never pulled.
+agnhost_image=registry.k8s.io/e2e-test-images/agnhost:2.63.0
 kubelet_port=${TESTBED_KUBELET_PORT:-26450}
 kubelet_healthz_port=${TESTBED_KUBELET_HEALTHZ_PORT:-26448}
 scheduler_port=${TESTBED_SCHEDULER_PORT:-26459}
 node_dir=$dir/node
+# The node's address: the one kubelet would pick itself (the source address
+# of the default route), given explicitly. kubelet serves on it, as the API
+# server reaches kubelets by their InternalIP (exec and logs, for the e2e
+# tests: scripts/node-e2e.sh); the machine's own address, so that traffic
+# never leaves the machine.
+node_ip=${TESTBED_NODE_IP:-$(ip -4 -j route get 192.0.2.1 2>/dev/null | jq -r '.[0].prefsrc // empty')}
 
 # fill TEMPLATE OUT: the @NAME@ placeholders of the node's templates.
 fill() {
   sed -e "s#@NODE@#$node_dir#g" -e "s#@CA@#$dir/pki/ca.crt#g" \
     -e "s#@KUBELET_PORT@#$kubelet_port#g" -e "s#@HEALTHZ_PORT@#$kubelet_healthz_port#g" \
     -e "s#@CNI_BIN@#$node_dir/host/opt/cni/bin#g" -e "s#@CNI_CONF@#$node_dir/host/etc/cni/net.d#g" \
+    -e "s#@NODE_IP@#$node_ip#g" -e "s#@PKI@#$dir/pki#g" \
     -e "s#@PAUSE@#$pause_image#g" "$1" >"$2"
 }
 
@@ -62,18 +77,40 @@ node_ready() {
   [ "$(node_condition Ready)" = True ]
 }
 
-# The CNI install as Calico's DaemonSet runs it: a calico-node identity
-# allowed to mint calico-cni-plugin's token, the image's binaries, the
-# stock template.
-node_install() {
-  local image=$node_dir/image calico=${CALICO_BIN:-$root/target/x86_64-unknown-linux-gnu/debug/calico}
+# Ready False with our STATUS's reason (calico-ipam has no pool).
+node_not_ready_for_pool() {
+  admin GET "/api/v1/nodes/$node_name" | jq -e '.status.conditions[]? |
+    select(.type == "Ready" and .status == "False") | .message | test("IP pool")' >/dev/null
+}
+
+# Calico's CNI image as our build fills it: /opt/cni/bin with calico
+# (CALICO_BIN, default the debug build), calico-ipam and install as links,
+# portmap and loopback; install is the entrypoint.
+node_cni_image() {
+  local calico=${CALICO_BIN:-$root/target/x86_64-unknown-linux-gnu/debug/calico}
   [ -x "$calico" ] || die "no plugin binary at $calico (build it, or set CALICO_BIN)"
-  rm -rf "$image"
-  mkdir -p "$image" "$node_dir/host/opt/cni/bin" "$node_dir/host/etc/cni/net.d" "$node_dir/sa"
-  cp "$calico" "$image/calico"
-  ln -s calico "$image/calico-ipam"
-  ln -s calico "$image/install"
-  cp "$bin/portmap" "$bin/loopback" "$image/"
+  local r
+  r=$(mktemp -d)
+  mkdir -p "$r/opt/cni/bin"
+  install -m 0755 "$calico" "$r/opt/cni/bin/calico"
+  ln -s calico "$r/opt/cni/bin/calico-ipam"
+  ln -s calico "$r/opt/cni/bin/install"
+  install -m 0755 "$bin/portmap" "$bin/loopback" "$r/opt/cni/bin/"
+  oci_layout "$node_dir/cni-image.tar" "$cni_image" "$r" '["/opt/cni/bin/install"]' null 0:0
+  rm -rf "$r"
+}
+
+# The CNI install as Calico's manifest runs it: the calico-node DaemonSet
+# (testbed/node/calico-node.json) on the host network, whose install-cni
+# init container runs the image's install with the calico-config
+# ConfigMap's template and the pod's own ServiceAccount token (projected
+# explicitly: the test bed's API server runs without the ServiceAccount
+# admission plugin), writing into the host's CNI directories; its main
+# container (`install --watch`, in place of calico-node) renews the CNI
+# token. calico-node's identity may only mint calico-cni-plugin's token;
+# the API server's address comes from the kubernetes-services-endpoint
+# ConfigMap (no kube-proxy here to route the kubernetes Service).
+node_install() {
   create /api/v1/namespaces/kube-system/serviceaccounts \
     '{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"calico-node","namespace":"kube-system"}}'
   create /apis/rbac.authorization.k8s.io/v1/clusterroles '{
@@ -86,24 +123,30 @@ node_install() {
     "metadata": {"name": "calico-node-cni-token"},
     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "calico-node-cni-token"},
     "subjects": [{"kind": "ServiceAccount", "name": "calico-node", "namespace": "kube-system"}]}'
-  admin POST /api/v1/namespaces/kube-system/serviceaccounts/calico-node/token \
-    --data-binary '{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":86400}}' \
-    | jq -er .status.token >"$node_dir/sa/token" || die "TokenRequest for calico-node failed"
-  cp "$dir/pki/ca.crt" "$node_dir/sa/ca.crt"
-  echo -n kube-system >"$node_dir/sa/namespace"
-  env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-    KUBERNETES_SERVICE_HOST=127.0.0.1 KUBERNETES_SERVICE_PORT="$api_port" \
-    KUBERNETES_NODE_NAME="$node_name" CNI_NET_DIR="$node_dir/host/etc/cni/net.d" \
-    CNI_CONF_NAME=10-calico.conflist CNI_MTU=1500 SLEEP=false \
-    CNI_NETWORK_CONFIG="$(cat testbed/node/cni_network_config.json)" \
-    "$image/install" --host-root "$node_dir/host" --binaries "$image" \
-    --serviceaccount-dir "$node_dir/sa" >"$dir/logs/node-install.log" 2>&1 \
-    || die "calico install failed: $(tail -n 5 "$dir/logs/node-install.log")"
+  create /api/v1/namespaces/kube-system/configmaps "$(jq -n --rawfile t testbed/node/cni_network_config.json '{
+    apiVersion: "v1", kind: "ConfigMap", metadata: {name: "calico-config", namespace: "kube-system"},
+    data: {cni_network_config: $t, veth_mtu: "1500"}}')"
+  create /api/v1/namespaces/kube-system/configmaps "$(jq -n --arg p "$api_port" '{
+    apiVersion: "v1", kind: "ConfigMap", metadata: {name: "kubernetes-services-endpoint", namespace: "kube-system"},
+    data: {KUBERNETES_SERVICE_HOST: "127.0.0.1", KUBERNETES_SERVICE_PORT: $p}}')"
+  local manifest
+  manifest=$(sed -e "s#@CNI_IMAGE@#$cni_image#g" -e "s#@CNI_BIN@#$node_dir/host/opt/cni/bin#g" \
+    -e "s#@CNI_CONF@#$node_dir/host/etc/cni/net.d#g" testbed/node/calico-node.json)
+  create /apis/apps/v1/namespaces/kube-system/daemonsets "$manifest"
+}
+
+# The DaemonSet's pod on this node: its init container's install done.
+node_installed() {
+  admin GET "/api/v1/namespaces/kube-system/pods?labelSelector=k8s-app%3Dcalico-node" |
+    jq -e --arg n "$node_name" '.items[] | select(.spec.nodeName == $n) |
+      .status.initContainerStatuses[]? | select(.name == "install-cni") |
+      .state.terminated.exitCode == 0' >/dev/null &&
+    [ -f "$node_dir/host/etc/cni/net.d/10-calico.conflist" ]
 }
 
 node_start_kubelet() {
   start kubelet "$bin/kubelet" --config="$node_dir/kubelet-config.yaml" \
-    --kubeconfig="$node_dir/kubelet.kubeconfig" --hostname-override="$node_name" \
+    --kubeconfig="$node_dir/kubelet.kubeconfig" --hostname-override="$node_name" --node-ip="$node_ip" \
     --root-dir="$node_dir/kubelet" --cert-dir="$node_dir/kubelet/pki" --v=1
 }
 
@@ -128,7 +171,11 @@ node_up() {
 
   # Identities: the kubelet as system:node:<name> (the test bed has no Node
   # authorizer: RBAC binds it), the scheduler as system:kube-scheduler.
+  [ -n "$node_ip" ] || die "no IPv4 default route to take the node's address from (set TESTBED_NODE_IP)"
   cert node-kubelet "/O=system:nodes/CN=system:node:$node_name"
+  # kubelet's serving certificate (the API server checks it against the CA).
+  rm -f "$dir/pki/node-kubelet-serving".*
+  cert node-kubelet-serving "/CN=$node_name" "IP:$node_ip,DNS:$node_name"
   cert node-scheduler "/CN=system:kube-scheduler"
   kubeconfig "$node_dir/kubelet.kubeconfig" "$(jq -n --arg c "$dir/pki/node-kubelet.crt" \
     --arg k "$dir/pki/node-kubelet.key" '{"client-certificate": $c, "client-key": $k}')"
@@ -140,7 +187,7 @@ node_up() {
     roleRef: {apiGroup: "rbac.authorization.k8s.io", kind: "ClusterRole", name: "system:node"},
     subjects: [{apiGroup: "rbac.authorization.k8s.io", kind: "User", name: $u}]}')"
 
-  node_install
+  mkdir -p "$node_dir/host/opt/cni/bin" "$node_dir/host/etc/cni/net.d"
   fill testbed/node/containerd.toml "$node_dir/containerd.toml"
   fill testbed/node/kubelet-config.yaml "$node_dir/kubelet-config.yaml"
   # (PATH: its shim, in $bin, and runc.)
@@ -149,11 +196,12 @@ node_up() {
     start node-containerd "$bin/containerd" --config "$node_dir/containerd.toml"
   )
   wait_for node-containerd 60 node_crictl info
-  # The sandbox image and the tests' workload image (peers/echo/echo.c),
-  # imported: no registry here.
+  # The sandbox image, the CNI image and the tests' workload image
+  # (peers/echo/echo.c), imported: no registry here.
   oci_image "$node_dir/echo-image.tar" "$echo_image" "$bin/echo" '["/echo","serve"]'
+  node_cni_image
   local tar
-  for tar in "$dir/pause-image.tar" "$node_dir/echo-image.tar"; do
+  for tar in "$dir/pause-image.tar" "$node_dir/cni-image.tar" "$node_dir/echo-image.tar"; do
     "$bin/ctr" -a "$node_dir/containerd/containerd.sock" -n k8s.io images import "$tar" \
       >>"$dir/logs/node-images.log" 2>&1 || die "importing $tar: $(tail -n 3 "$dir/logs/node-images.log")"
   done
@@ -164,9 +212,11 @@ node_up() {
     --leader-elect=false --v=1
   node_start_kubelet
   wait_for "Node $node_name" 60 admin GET "/api/v1/nodes/$node_name"
+  node_install
+  wait_for "the CNI install by the calico-node DaemonSet" 90 node_installed
   # No pool for it yet: our STATUS answers 50 and the node stays NotReady
   # (what kubelet said is kept for tests/node.rs).
-  sleep 5
+  wait_for "Node $node_name NotReady for want of a pool" 60 node_not_ready_for_pool
   admin GET "/api/v1/nodes/$node_name" | jq '[.status.conditions[]? | select(.type == "Ready")][0]' \
     >"$node_dir/ready-before-pool.json"
   create /apis/crd.projectcalico.org/v1/ippools "$(jq -n --arg n "$node_pool" --arg c "$node_pool_cidr" \
@@ -182,6 +232,43 @@ node_up() {
   log "node $node_name Ready in $((SECONDS - t0)) s"
 }
 
+# Kubernetes' agnhost test image, as its Dockerfile lays it out (/agnhost,
+# entrypoint /agnhost, command pause, run as root) on a root of this
+# machine's own tools instead of Alpine's: what the e2e network tests exec in
+# it (sh, curl, nc, grep) with their shared libraries. Needs agnhost built
+# (scripts/peers.sh --e2e) and nc (Debian's netcat-openbsd).
+node_import_agnhost() {
+  local tar=$node_dir/agnhost-image.tar
+  if [ ! -f "$tar" ]; then
+    local r tool lib
+    r=$(mktemp -d)
+    mkdir -p "$r/usr/bin" "$r/usr/lib/x86_64-linux-gnu" "$r/usr/lib64" "$r/etc" "$r/tmp" "$r/uploads"
+    chmod 1777 "$r/tmp"
+    ln -s usr/bin "$r/bin"
+    ln -s usr/lib "$r/lib"
+    ln -s usr/lib64 "$r/lib64"
+    install -m 0755 "$bin/agnhost" "$r/agnhost"
+    ln -s agnhost "$r/agnhost-2"
+    for tool in sh curl nc grep cat; do
+      local path
+      path=$(command -v "$tool") || die "$tool is not installed (the agnhost image needs it)"
+      cp -L "$path" "$r/usr/bin/$tool"
+      for lib in $(ldd "$path" | grep -o '/[^ ]*'); do
+        case $lib in
+          */ld-linux*) cp -L "$lib" "$r/usr/lib64/$(basename "$lib")" ;;
+          *) cp -L "$lib" "$r/usr/lib/x86_64-linux-gnu/$(basename "$lib")" ;;
+        esac
+      done
+    done
+    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$r/etc/passwd"
+    printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+    oci_layout "$tar" "$agnhost_image" "$r" '["/agnhost"]' '["pause"]' 0:0
+    rm -rf "$r"
+  fi
+  "$bin/ctr" -a "$node_dir/containerd/containerd.sock" -n k8s.io images import "$tar" \
+    >>"$dir/logs/node-images.log" 2>&1 || die "importing $tar: $(tail -n 3 "$dir/logs/node-images.log")"
+}
+
 # IPAM objects of the node's pool (no calico-kube-controllers collects them).
 node_ipam_cleanup() {
   local kind
@@ -195,7 +282,13 @@ node_ipam_cleanup() {
 
 node_down() {
   [ -d "$node_dir" ] || return 0
-  # Pods first, through kubelet and the plugin (their CNI DELs).
+  # The DaemonSet first (else it makes its pod again), then the pods,
+  # through kubelet and the plugin (their CNI DELs).
+  admin DELETE /apis/apps/v1/namespaces/kube-system/daemonsets/calico-node >/dev/null 2>&1 || true
+  local cm
+  for cm in calico-config kubernetes-services-endpoint; do
+    admin DELETE "/api/v1/namespaces/kube-system/configmaps/$cm" >/dev/null 2>&1 || true
+  done
   local ns
   for ns in $(admin GET "/api/v1/pods?fieldSelector=spec.nodeName=$node_name" 2>/dev/null |
     jq -r '.items[]?.metadata.namespace' | sort -u); do

@@ -7,6 +7,9 @@
 #                             (scripts/testbed-node.sh)
 #   scripts/testbed.sh restart-kubelet   the node's kubelet stopped and started again
 #   scripts/testbed.sh node-down   the node only
+#   scripts/testbed.sh node-import-agnhost   Kubernetes' agnhost test image into the
+#                             node's containerd (agnhost built by scripts/peers.sh
+#                             --e2e; scripts/node-e2e.sh does it)
 #   scripts/testbed.sh env    shell exports for the tests (eval "$(scripts/testbed.sh env)")
 #   scripts/testbed.sh down   stop everything and remove what `up` made
 #
@@ -165,6 +168,7 @@ pki() {
   cert proxy "/CN=fault-proxy" "$loop"
   cert calico-etcd "/CN=calico-etcd" "$loop"
   cert calico-cni "/CN=calico-cni"
+  cert apiserver-kubelet-client "/CN=kube-apiserver-kubelet-client"
   if [ ! -f "$p/sa.key" ]; then
     openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
     openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
@@ -250,6 +254,9 @@ start_apiserver() {
     --service-account-signing-key-file="$p/sa.key" \
     --service-cluster-ip-range="$service_cidr" --allow-privileged=true \
     --disable-admission-plugins=ServiceAccount --enable-priority-and-fairness=false \
+    --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$p/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority="$p/ca.crt" --kubelet-preferred-address-types=InternalIP \
     --cert-dir="$dir/apiserver" --v=1
   wait_for kube-apiserver 90 admin GET /readyz
 }
@@ -339,24 +346,35 @@ cni_kubeconfig() {
 }
 
 # oci_image OUT NAME BINARY ENTRYPOINT-JSON: an OCI image layout tar of one
-# static binary at /<its name>, named NAME (what `ctr images import` reads).
+# static binary at /<its name>, named NAME (what `ctr images import` reads),
+# run as 65535.
 oci_image() {
   local out=$1 name=$2 binary=$3 entrypoint=$4
   [ -f "$out" ] && return 0
+  local r
+  r=$(mktemp -d)
+  install -m 0755 "$binary" "$r/$(basename "$binary")"
+  oci_layout "$out" "$name" "$r" "$entrypoint" null 65535:65535
+  rm -rf "$r"
+}
+
+# oci_layout OUT NAME ROOTFS ENTRYPOINT-JSON CMD-JSON USER: an OCI image
+# layout tar of the directory ROOTFS as its one layer, named NAME.
+oci_layout() {
+  local out=$1 name=$2 rootfs=$3 entrypoint=$4 cmd=$5 user=$6
   local w
   w=$(mktemp -d)
-  mkdir -p "$w/rootfs" "$w/oci/blobs/sha256"
-  install -m 0755 "$binary" "$w/rootfs/$(basename "$binary")"
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$w/rootfs" -cf "$w/layer.tar" .
+  mkdir -p "$w/oci/blobs/sha256"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$rootfs" -cf "$w/layer.tar" .
   local diff_id layer layer_size config config_size manifest manifest_size
   diff_id=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
   gzip -n -9 <"$w/layer.tar" >"$w/layer.tar.gz"
   layer=$(sha256sum "$w/layer.tar.gz" | cut -d' ' -f1)
   layer_size=$(stat -c %s "$w/layer.tar.gz")
   mv "$w/layer.tar.gz" "$w/oci/blobs/sha256/$layer"
-  jq -cn --arg d "sha256:$diff_id" --argjson e "$entrypoint" '{
+  jq -cn --arg d "sha256:$diff_id" --argjson e "$entrypoint" --argjson c "$cmd" --arg u "$user" '{
     architecture: "amd64", os: "linux",
-    config: {Entrypoint: $e, User: "65535:65535"},
+    config: ({Entrypoint: $e, User: $u} + (if $c == null then {} else {Cmd: $c} end)),
     rootfs: {type: "layers", diff_ids: [$d]}
   }' >"$w/config.json"
   config=$(sha256sum "$w/config.json" | cut -d' ' -f1)
@@ -375,7 +393,7 @@ oci_image() {
     schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json",
     manifests: [{mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $m, size: $ms,
       platform: {architecture: "amd64", os: "linux"},
-      annotations: {"io.containerd.image.name": $name, "org.opencontainers.image.ref.name": "1"}}]
+      annotations: {"io.containerd.image.name": $name, "org.opencontainers.image.ref.name": ($name | split(":") | last)}}]
   }' >"$w/oci/index.json"
   tar --sort=name --owner=0 --group=0 --numeric-owner -C "$w/oci" -cf "$out.new" oci-layout index.json blobs
   mv -f "$out.new" "$out"
@@ -419,6 +437,7 @@ export TESTBED_NODE='$node_name'
 export TESTBED_NODE_POOL='$node_pool_cidr'
 export TESTBED_NODE_DIR='$node_dir'
 export TESTBED_ECHO_IMAGE='$echo_image'
+export TESTBED_AGNHOST_IMAGE='$agnhost_image'
 EOF
   fi
 }
@@ -467,5 +486,6 @@ case ${1:-} in
   down) down ;;
   restart-kubelet) node_restart_kubelet ;;
   node-down) node_down ;;
-  *) echo "usage: $0 up [--node]|env|down|restart-kubelet|node-down" >&2; exit 2 ;;
+  node-import-agnhost) node_import_agnhost ;;
+  *) echo "usage: $0 up [--node]|env|down|restart-kubelet|node-down|node-import-agnhost" >&2; exit 2 ;;
 esac

@@ -1,6 +1,8 @@
 //! The test bed's node (`scripts/testbed.sh up --node`): a real kubelet and
 //! kube-scheduler, the node's containerd, this plugin put in place by
-//! `calico install` with Calico's stock conflist text. Everything here goes
+//! `calico install` in a calico-node DaemonSet's init container, as Calico's
+//! manifest runs its install-cni, with Calico's stock conflist text.
+//! Everything here goes
 //! through the API server only, as a user's workloads do: pods scheduled,
 //! started, deleted on kubelet's clock; the effects read back from the
 //! kernel (veths, routes, reachability from the node) and from the
@@ -379,8 +381,10 @@ fn a_deployment_runs_and_leaves_nothing() {
 }
 
 /// The node registered Ready only once the plugin's STATUS said the
-/// network was ready (scripts/testbed-node.sh checked it NotReady before
-/// its pool existed); it reports the runtime's network as ready now.
+/// network was ready (scripts/testbed-node.sh checked it NotReady, with
+/// our STATUS's reason, before its pool existed); it reports the runtime's
+/// network as ready now; the plugin was installed by the calico-node
+/// DaemonSet's pod on the node, which runs on.
 #[test]
 #[ignore = "the node stage of scripts/test.sh: -- --ignored with the node up"]
 fn the_node_is_ready_with_our_network() {
@@ -408,12 +412,29 @@ fn the_node_is_ready_with_our_network() {
         serde_json::from_slice(&std::fs::read(format!("{dir}/ready-before-pool.json")).unwrap())
             .unwrap();
     assert_eq!(before["status"], "False", "{before:#}");
+    let message = before["message"].as_str().unwrap_or_default();
     assert!(
-        before["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("network"),
+        message.contains("network not ready")
+            && message.contains("calico-ipam cannot allocate: no enabled IP pool"),
         "{before:#}"
+    );
+    // Installed by the DaemonSet's pod on this node: its install-cni init
+    // container done, its token-renewing container running.
+    let pods = bed
+        .get("/api/v1/namespaces/kube-system/pods?labelSelector=k8s-app%3Dcalico-node")
+        .expect("calico-node pods");
+    let pod = pods["items"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["spec"]["nodeName"] == node.as_str()))
+        .unwrap_or_else(|| panic!("no calico-node pod on {node}: {pods:#}"));
+    assert_eq!(pod["status"]["phase"], "Running", "{pod:#}");
+    assert_eq!(
+        pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"], 0,
+        "{pod:#}"
+    );
+    assert_eq!(
+        pod["status"]["containerStatuses"][0]["ready"], true,
+        "{pod:#}"
     );
     // The installed conflist is Calico's stock text, rendered.
     let conflist: Value = serde_json::from_slice(
