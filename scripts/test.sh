@@ -39,7 +39,6 @@ cargo test --locked --features fault-injection --test node -- --ignored --test-t
 # Kubernetes' own pod-network conformance tests on that node
 # ([sig-network] Networking Granular Checks: Pods, from e2e.test).
 bash scripts/node-e2e.sh
-echo "test.sh: node stage done at $((SECONDS - t0)) s"
 # (Down before the benchmark, which the node's own work would disturb.)
 bash scripts/testbed.sh node-down
 echo "test.sh: node stage done at $((SECONDS - t0)) s"
