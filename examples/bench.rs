@@ -25,9 +25,10 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use calico_cni::dataplane::Networking;
 use calico_cni::dataplane::netlink::{Netlink, RtNetlink, VethSpec};
 use calico_cni::dataplane::netns::NetNs;
-use calico_cni::dataplane::veth::{Networking, PodNetwork};
+use calico_cni::dataplane::veth::PodNetwork;
 use serde_json::{Value, json};
 
 const CNI_BIN: &str = "/usr/lib/cni";
@@ -386,10 +387,13 @@ fn pod_pair_deletes(n: usize, tag: &str) -> Vec<Sample> {
                 routes: vec!["0.0.0.0/0".parse().unwrap()],
                 mtu: 0,
                 queues: 1,
+                device: Default::default(),
                 container_mac: None,
                 allow_ip_forwarding: false,
                 skip_host_routes: false,
                 deadline: tokio::time::Instant::now() + Duration::from_secs(10),
+                ipam_addresses: Vec::new(),
+                workload: Default::default(),
             };
             pod.add(&req).await.unwrap();
             pods.push((req.host_veth, ip));

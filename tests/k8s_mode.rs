@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use calico_cni::datastore::names::veth_name_for_workload;
 use common::faultproxy::{Fault, FaultProxy, Rule};
@@ -1150,4 +1150,93 @@ fn check_follows_custom_routes_and_fails_when_one_is_gone() {
         assert!(msg.contains("10.124.0.0/16"), "{msg}");
         c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
     }
+}
+
+/// policy_setup_timeout_seconds: ADD waits, once the endpoint is written,
+/// for Felix's status file of this very endpoint (named as Calico names
+/// it; files of another pod or interface do not end the wait), returns as
+/// soon as it appears, succeeds with a warning when it never does, and a
+/// negative setting is refused before anything is done.
+#[test]
+fn policy_setup_wait_holds_add_until_the_endpoints_status_file_appears() {
+    let Some(mut c) = Cluster::new("policy_setup_wait", "local") else {
+        return;
+    };
+    let status = tempfile::tempdir().unwrap();
+    c.conf["deadline_seconds"] = json!(30);
+    c.conf["policy_setup_timeout_seconds"] = json!(20);
+    c.conf["endpoint_status_dir"] = json!(status.path());
+    c.pod("pod1", json!({}));
+    let ns = Netns::new();
+    let cid = container_id();
+    let name = |pod: &str, ifname: &str| format!("k8s {}%2F{pod} {ifname}", c.ns.name);
+    let (dir, mine, others) = (
+        status.path().to_path_buf(),
+        name("pod1", "eth0"),
+        [name("pod2", "eth0"), name("pod1", "eth1")],
+    );
+    // Felix: the other endpoints' files first, this one's a second later.
+    let felix = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        for other in others {
+            std::fs::write(dir.join(other), b"{}").unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+        std::fs::write(dir.join(mine), b"{\"ifaceName\":\"x\"}").unwrap();
+        Instant::now()
+    });
+    let t0 = Instant::now();
+    c.run("ADD", "pod1", &cid, &ns.path()).assert_ok();
+    let (done, took) = (Instant::now(), t0.elapsed());
+    let written = felix.join().unwrap();
+    assert!(
+        done >= written,
+        "ADD returned before the endpoint's status file existed"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "ADD waited {took:?}: not woken by the file"
+    );
+    assert_eq!(c.setup.endpoints().len(), 1);
+    c.run("DEL", "pod1", &cid, &ns.path()).assert_ok();
+
+    // Never written: ADD succeeds once the setting's time has passed, and
+    // says why in the log.
+    c.conf["policy_setup_timeout_seconds"] = json!(2);
+    let (ns2, cid2) = (Netns::new(), container_id());
+    c.pod("pod3", json!({}));
+    let t0 = Instant::now();
+    c.run("ADD", "pod3", &cid2, &ns2.path()).assert_ok();
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(15),
+        "{took:?}"
+    );
+    let log = std::fs::read_to_string(c.setup.dir.path().join("log/cni.log")).unwrap();
+    assert!(
+        log.contains(&format!(
+            "timed out waiting for endpoint status file '{}/k8s {}%2Fpod3 eth0': file not found",
+            status.path().display(),
+            c.ns.name
+        )),
+        "{log}"
+    );
+    c.run("DEL", "pod3", &cid2, &ns2.path()).assert_ok();
+
+    // Negative: Calico's message, and nothing done.
+    c.conf["policy_setup_timeout_seconds"] = json!(-1);
+    let (ns3, cid3) = (Netns::new(), container_id());
+    let out = c.run("ADD", "pod1", &cid3, &ns3.path());
+    assert_eq!(out.error_code(), 7, "{out:?}");
+    assert!(
+        out.json()["msg"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("invalid pod startup delay of -1"),
+        "{out:?}"
+    );
+    assert!(c.setup.endpoints().is_empty());
+    assert!(c.setup.reservations().is_empty());
+    assert!(ns3.link("eth0").is_none());
+    assert!(!host_link_exists(&c.veth("pod1")));
 }

@@ -32,6 +32,7 @@ const PLUGIN_RANKS: &[(&str, u32)] = &[
     ("context", 0),
     ("journal", 0),
     ("readiness", 0),
+    ("policy_wait", 0),
     ("endpoint", 1),
     ("rollback", 1),
     ("teardown", 1),

@@ -12,9 +12,10 @@ use std::sync::{Arc, Mutex};
 use ipnet::IpNet;
 use tokio::time::Instant;
 
+use crate::dataplane::CleanupOutcome;
 use crate::dataplane::netlink::{AddrState, LinkState, Netlink, RouteSpec, VethSpec};
 use crate::dataplane::sysctl::Sysctl;
-use crate::dataplane::veth::{CleanupOutcome, Namespaces, PodSide, SysctlWriter, VethDataplane};
+use crate::dataplane::veth::{Namespaces, PodSide, SysctlWriter, VethDataplane};
 use crate::dataplane::{DataplaneError, MacAddr};
 
 /// A log several fakes write to, in the order things happen.
@@ -28,6 +29,8 @@ pub struct FakeState {
     pub log: Vec<String>,
     /// Fail the operation whose log line starts with this text.
     pub fail_on: Option<String>,
+    /// Answer a netkit pair with EOPNOTSUPP, as a kernel without netkit.
+    pub no_netkit: bool,
     next_index: u32,
 }
 
@@ -135,6 +138,25 @@ impl Netlink for FakeNetlink {
             "create veth {} peer {} mtu {}",
             spec.name, spec.peer_name, spec.mtu
         ))?;
+        self.insert_link(&spec.name, spec.mac, spec.mtu);
+        if let Some(peer) = &self.peer {
+            peer.insert_link(&spec.peer_name, spec.peer_mac, spec.mtu);
+        }
+        Ok(())
+    }
+
+    async fn create_netkit(&self, spec: &VethSpec) -> Result<(), DataplaneError> {
+        self.record(format!(
+            "create netkit {} peer {} mtu {}",
+            spec.name, spec.peer_name, spec.mtu
+        ))?;
+        if self.state.lock().unwrap().no_netkit {
+            return Err(DataplaneError::Netlink {
+                op: format!("create netkit {}", spec.name),
+                errno: libc::EOPNOTSUPP,
+                msg: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP).to_string(),
+            });
+        }
         self.insert_link(&spec.name, spec.mac, spec.mtu);
         if let Some(peer) = &self.peer {
             peer.insert_link(&spec.peer_name, spec.peer_mac, spec.mtu);
@@ -322,7 +344,7 @@ impl FakeDataplane {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::veth::{Networking, PodNetwork};
+    use crate::dataplane::{Networking, veth::PodNetwork};
     use tokio::time::Instant;
 
     fn request(ips: &[&str], routes: &[&str]) -> Networking {
@@ -333,10 +355,13 @@ mod tests {
             routes: routes.iter().map(|s| s.parse().unwrap()).collect(),
             mtu: 1450,
             queues: 1,
+            device: crate::dataplane::DeviceKind::Veth,
             container_mac: None,
             allow_ip_forwarding: false,
             skip_host_routes: false,
             deadline: Instant::now() + std::time::Duration::from_secs(5),
+            ipam_addresses: Vec::new(),
+            workload: Default::default(),
         }
     }
 
@@ -441,5 +466,54 @@ mod tests {
                 .contains("already exists for an interface other than 'cali12345678901'"),
             "{e}"
         );
+    }
+
+    /// device_type netkit: a netkit pair where the kernel has netkit; a
+    /// veth pair where it answers EOPNOTSUPP; any other error is the ADD's.
+    #[tokio::test(flavor = "current_thread")]
+    async fn netkit_or_the_veth_fallback() {
+        let netkit = Networking {
+            device: crate::dataplane::DeviceKind::Netkit,
+            ..request(&["10.0.0.5/32"], &["0.0.0.0/0"])
+        };
+        let sysctls = Arc::new(FakeSysctls::default());
+
+        let (host, pod) = sides();
+        pod_network(&host, &pod, &sysctls)
+            .add(&netkit)
+            .await
+            .unwrap();
+        let log = host.log();
+        assert_eq!(
+            log[1],
+            "host: create netkit cali12345678901 peer eth0 mtu 1450"
+        );
+        assert!(!log.iter().any(|l| l.contains("create veth")), "{log:?}");
+
+        let (host, pod) = sides();
+        host.state.lock().unwrap().no_netkit = true;
+        pod_network(&host, &pod, &sysctls)
+            .add(&netkit)
+            .await
+            .unwrap();
+        let log = host.log();
+        assert_eq!(
+            &log[1..3],
+            [
+                "host: create netkit cali12345678901 peer eth0 mtu 1450",
+                "host: create veth cali12345678901 peer eth0 mtu 1450"
+            ]
+        );
+        assert_eq!(pod.state.lock().unwrap().links.len(), 1);
+
+        let (host, pod) = sides();
+        host.state.lock().unwrap().fail_on = Some("host: create netkit".into());
+        let e = pod_network(&host, &pod, &sysctls)
+            .add(&netkit)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("injected"), "{e}");
+        assert!(!host.log().iter().any(|l| l.contains("create veth")));
+        assert!(host.state.lock().unwrap().links.is_empty());
     }
 }

@@ -1,12 +1,15 @@
 //! The pod's network, behind one seam: [`Dataplane`] — DoNetworking in its
 //! two halves (the pair before the addresses are known, then addresses,
 //! routes and sysctls), CHECK's verification, CleanUpNamespace and the
-//! removal of a host link — which the veth layout ([`veth`]) implements
-//! today, exactly as Calico lays it out. One dataplane is opened per call
-//! ([`open`]): its host netlink socket serves every host-side operation of
-//! that call. [`fake`] (tests, or the `test-fakes` feature) records every
-//! operation without root.
+//! removal of a host link. Two implementations: the local layout
+//! ([`veth`]: a veth or netkit pair exactly as Calico lays it out, with
+//! rtnetlink) and an external dataplane spoken to over Calico's CNI
+//! backend protocol ([`grpc`], `dataplane_options.type: "grpc"`). One
+//! dataplane is opened per call ([`open`]): the local one's host netlink
+//! socket serves every host-side operation of that call. [`fake`] (tests,
+//! or the `test-fakes` feature) records every operation without root.
 
+pub mod grpc;
 pub mod netlink;
 pub mod netns;
 pub mod routes;
@@ -16,15 +19,19 @@ pub mod veth;
 #[cfg(any(test, feature = "test-fakes"))]
 pub mod fake;
 
+use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use ipnet::IpNet;
+use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 pub use netns::NetNs;
-pub use veth::{CleanupOutcome, Networking, NetworkingOutcome, PodNetwork, Prepared};
+pub use veth::{PodNetwork, Prepared};
 
 /// The pod's network as one call sees it.
 #[async_trait::async_trait]
@@ -64,18 +71,99 @@ pub trait Dataplane: Send + Sync {
     /// Removes a host link by name (a sandbox whose netns is gone, a
     /// rollback, GC); `false` when there was none.
     async fn delete_host_link(&self, name: &str) -> Result<bool, DataplaneError>;
+
+    /// An external dataplane, which makes the pod's interfaces itself (it
+    /// is told the workload's routes as given, not the local layout's).
+    fn is_remote(&self) -> bool {
+        false
+    }
 }
 
-/// A pod whose interface pair `prepare` made: its namespace, opened, and
-/// the pair's links.
-pub struct PreparedPod {
-    pub pod: PodNetwork,
-    pub links: Prepared,
+/// A pod as `prepare` left it for `finish`.
+pub enum PreparedPod {
+    /// The local layout: the pod's namespace, opened, and the pair's links.
+    Local { pod: PodNetwork, links: Prepared },
+    /// A remote dataplane, which does all its work in `finish`: the netns.
+    Remote { netns: PathBuf },
 }
 
-/// The dataplane of one call: the veth layout on this kernel.
-pub fn open() -> Arc<dyn Dataplane> {
-    Arc::new(veth::VethDataplane::new(Arc::new(veth::KernelNamespaces)))
+/// The dataplane of one call, as `dataplane_options` chooses it: the
+/// gRPC dataplane for `type: "grpc"`, else the local layout on this
+/// kernel. (A `type` of any other value is refused by ADD's config check;
+/// a DEL with it tears down locally.)
+pub fn open(options: &Map<String, Value>) -> Arc<dyn Dataplane> {
+    match options.get("type").and_then(Value::as_str) {
+        Some("grpc") => Arc::new(grpc::GrpcDataplane::new(options)),
+        _ => Arc::new(veth::VethDataplane::new(Arc::new(veth::KernelNamespaces))),
+    }
+}
+
+/// What ADD asks of the dataplane.
+#[derive(Debug, Clone)]
+pub struct Networking {
+    pub ifname: String,
+    pub host_veth: String,
+    /// The pod's addresses, already /32 and /128.
+    pub ips: Vec<IpNet>,
+    /// Destinations routed via the gateway inside the container.
+    pub routes: Vec<IpNet>,
+    /// 0: kernel default.
+    pub mtu: u32,
+    pub queues: u32,
+    /// veth or netkit.
+    pub device: DeviceKind,
+    /// A requested container MAC (hwAddr annotation); kernel-assigned if None.
+    pub container_mac: Option<MacAddr>,
+    pub allow_ip_forwarding: bool,
+    pub skip_host_routes: bool,
+    pub deadline: Instant,
+    /// The addresses as the IPAM gave them (prefix and gateway): what a
+    /// remote dataplane is told.
+    pub ipam_addresses: Vec<(IpNet, Option<IpAddr>)>,
+    /// The workload, for a remote dataplane.
+    pub workload: WorkloadInfo,
+}
+
+/// What a remote dataplane is told of the workload: its endpoint's
+/// identifiers, labels, annotations and ports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkloadInfo {
+    pub name: String,
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub endpoint: String,
+    pub node: String,
+    pub orchestrator: String,
+    pub pod: String,
+    pub ports: Vec<WorkloadPort>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkloadPort {
+    pub name: String,
+    pub protocol: String,
+    pub port: u16,
+    pub host_port: u16,
+    pub host_ip: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkingOutcome {
+    pub container_mac: MacAddr,
+    /// The host interface, when the dataplane named it (a remote one);
+    /// else the one asked for.
+    pub host_interface: Option<String>,
+}
+
+/// What DEL found in the pod netns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CleanupOutcome {
+    /// No netns path was given, or it no longer exists.
+    NetnsGone,
+    /// The netns exists but the interface did not.
+    LinkGone,
+    Deleted,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -95,12 +183,37 @@ pub enum DataplaneError {
     Timeout(String),
     #[error("{0}")]
     Check(String),
+    /// A remote dataplane refused, failed or could not be reached.
+    #[error("{0}")]
+    Remote(String),
+    /// The dataplane's configuration is unusable.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl DataplaneError {
+    /// The kernel does not support what was asked (EOPNOTSUPP, which is
+    /// ENOTSUP on Linux): a netkit pair on a kernel without netkit.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, DataplaneError::Netlink { errno, .. }
+            if *errno == libc::EOPNOTSUPP || *errno == libc::ENOTSUP)
+    }
+}
+
+/// The kind of interface pair a pod gets (`device_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceKind {
+    #[default]
+    Veth,
+    /// netkit (Linux 6.7+), falling back to veth where the kernel has none.
+    Netkit,
 }
 
 impl From<DataplaneError> for crate::cni::Error {
     fn from(e: DataplaneError) -> Self {
         use crate::cni::error::Kind;
         let kind = match e {
+            DataplaneError::Config(msg) => return crate::cni::Error::InvalidConfig(msg),
             DataplaneError::Timeout(_) => Kind::TimedOut,
             _ => Kind::Dataplane,
         };

@@ -8,7 +8,10 @@ use std::os::fd::RawFd;
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
-use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkMessage};
+use rtnetlink::packet_route::link::{
+    InfoData, InfoKind, InfoNetkit, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    NetkitMode, NetkitPolicy, NetkitScrub,
+};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteVia,
 };
@@ -26,8 +29,9 @@ pub struct LinkState {
     pub up: bool,
 }
 
-/// A veth pair: `name` in the namespace of the socket, `peer_name` created
-/// directly in the namespace of `peer_netns`.
+/// An interface pair (veth or netkit): `name` in the namespace of the
+/// socket (netkit's primary end), `peer_name` created directly in the
+/// namespace of `peer_netns`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VethSpec {
     pub name: String,
@@ -65,6 +69,9 @@ pub trait Netlink: Send + Sync {
     /// Deletes the link called `name`; `false` when there was none.
     async fn delete_link(&self, name: &str) -> Result<bool, DataplaneError>;
     async fn create_veth(&self, spec: &VethSpec) -> Result<(), DataplaneError>;
+    /// A netkit pair as Calico makes one ([`netkit_message`]); a kernel
+    /// without netkit answers EOPNOTSUPP ([`DataplaneError::is_unsupported`]).
+    async fn create_netkit(&self, spec: &VethSpec) -> Result<(), DataplaneError>;
     async fn set_up(&self, index: u32) -> Result<(), DataplaneError>;
     /// Adds an address; IPv6 addresses skip duplicate address detection.
     async fn add_address(&self, index: u32, addr: IpNet) -> Result<(), DataplaneError>;
@@ -73,6 +80,52 @@ pub trait Netlink: Send + Sync {
     async fn add_route(&self, route: &RouteSpec) -> Result<(), DataplaneError>;
     /// The main table's routes of one family.
     async fn routes(&self, v6: bool) -> Result<Vec<RouteSpec>, DataplaneError>;
+}
+
+/// The RTM_NEWLINK request for a netkit pair laid out as Calico lays it
+/// out: L2 mode (Ethernet addresses, ARP), the forward policy on both
+/// ends, no scrubbing on either (what Calico's netlink library sends), the
+/// MTU given explicitly to both ends (a netkit peer does not inherit it);
+/// `spec.name` is the primary end, made in the socket's namespace (the
+/// host's: where Felix attaches its programs), the peer made directly in
+/// `spec.peer_netns`. The primary's MAC and queue counts are top-level
+/// attributes; the peer takes its name, MTU, namespace and MAC.
+pub fn netkit_message(spec: &VethSpec) -> LinkMessage {
+    let mut peer = LinkMessage::default();
+    peer.attributes
+        .push(LinkAttribute::IfName(spec.peer_name.clone()));
+    if spec.mtu > 0 {
+        peer.attributes.push(LinkAttribute::Mtu(spec.mtu));
+    }
+    peer.attributes
+        .push(LinkAttribute::NetNsFd(spec.peer_netns));
+    if let Some(mac) = spec.peer_mac {
+        peer.attributes.push(LinkAttribute::Address(mac.0.to_vec()));
+    }
+    let mut msg = LinkMessage::default();
+    msg.attributes
+        .push(LinkAttribute::IfName(spec.name.clone()));
+    if spec.mtu > 0 {
+        msg.attributes.push(LinkAttribute::Mtu(spec.mtu));
+    }
+    if let Some(mac) = spec.mac {
+        msg.attributes.push(LinkAttribute::Address(mac.0.to_vec()));
+    }
+    let queues = spec.queues.max(1);
+    msg.attributes.push(LinkAttribute::NumTxQueues(queues));
+    msg.attributes.push(LinkAttribute::NumRxQueues(queues));
+    msg.attributes.push(LinkAttribute::LinkInfo(vec![
+        LinkInfo::Kind(InfoKind::Netkit),
+        LinkInfo::Data(InfoData::Netkit(vec![
+            InfoNetkit::Mode(NetkitMode::L2),
+            InfoNetkit::Policy(NetkitPolicy::Forward),
+            InfoNetkit::PeerPolicy(NetkitPolicy::Forward),
+            InfoNetkit::Scrub(NetkitScrub::None),
+            InfoNetkit::PeerScrub(NetkitScrub::None),
+            InfoNetkit::Peer(peer),
+        ])),
+    ]));
+    msg
 }
 
 /// [`Netlink`] over an rtnetlink socket.
@@ -260,6 +313,20 @@ impl Netlink for RtNetlink {
         })
     }
 
+    async fn create_netkit(&self, spec: &VethSpec) -> Result<(), DataplaneError> {
+        self.handle
+            .link()
+            .add(netkit_message(spec))
+            .execute()
+            .await
+            .map_err(|e| {
+                nl_err(
+                    &format!("create netkit {} (peer {})", spec.name, spec.peer_name),
+                    e,
+                )
+            })
+    }
+
     async fn set_up(&self, index: u32) -> Result<(), DataplaneError> {
         self.handle
             .link()
@@ -369,5 +436,132 @@ impl Netlink for RtNetlink {
             .await
             .map_err(|e| nl_err("list routes", e))?;
         Ok(msgs.iter().filter_map(route_spec).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rtnetlink::packet_core::Emitable;
+
+    // The kernel's numbers (include/uapi/linux/if_link.h).
+    const IFLA_ADDRESS: u16 = 1;
+    const IFLA_IFNAME: u16 = 3;
+    const IFLA_MTU: u16 = 4;
+    const IFLA_LINKINFO: u16 = 18;
+    const IFLA_NET_NS_FD: u16 = 28;
+    const IFLA_NUM_TX_QUEUES: u16 = 31;
+    const IFLA_NUM_RX_QUEUES: u16 = 32;
+    const IFLA_INFO_KIND: u16 = 1;
+    const IFLA_INFO_DATA: u16 = 2;
+    const IFLA_NETKIT_PEER_INFO: u16 = 1;
+    const IFLA_NETKIT_POLICY: u16 = 3;
+    const IFLA_NETKIT_PEER_POLICY: u16 = 4;
+    const IFLA_NETKIT_MODE: u16 = 5;
+    const IFLA_NETKIT_SCRUB: u16 = 6;
+    const IFLA_NETKIT_PEER_SCRUB: u16 = 7;
+    const NETKIT_L2: u32 = 0;
+    const NETKIT_PASS: u32 = 0;
+    const NETKIT_SCRUB_NONE: u32 = 0;
+
+    /// One attribute: length, type, value, padded to 4 bytes.
+    fn nla(kind: u16, value: &[u8]) -> Vec<u8> {
+        let len = 4 + value.len();
+        let mut out = Vec::new();
+        out.extend_from_slice(&(len as u16).to_ne_bytes());
+        out.extend_from_slice(&kind.to_ne_bytes());
+        out.extend_from_slice(value);
+        out.resize(len.next_multiple_of(4), 0);
+        out
+    }
+
+    fn u32_nla(kind: u16, v: u32) -> Vec<u8> {
+        nla(kind, &v.to_ne_bytes())
+    }
+
+    /// struct ifinfomsg, all zero: AF_UNSPEC, no index, no flags.
+    const IFINFOMSG: [u8; 16] = [0; 16];
+
+    #[test]
+    fn the_netkit_request_is_the_kernels_layout_byte_for_byte() {
+        let spec = VethSpec {
+            name: "cali12345678901".into(),
+            mac: Some(MacAddr::CALICO_HOST),
+            peer_name: "eth0".into(),
+            peer_mac: Some(MacAddr([0xca, 0xfe, 0, 0, 0, 1])),
+            peer_netns: 7,
+            mtu: 1450,
+            queues: 1,
+        };
+        let msg = netkit_message(&spec);
+        let mut got = vec![0u8; msg.buffer_len()];
+        msg.emit(&mut got);
+
+        let peer: Vec<u8> = [
+            IFINFOMSG.to_vec(),
+            nla(IFLA_IFNAME, b"eth0\0"),
+            u32_nla(IFLA_MTU, 1450),
+            u32_nla(IFLA_NET_NS_FD, 7),
+            nla(IFLA_ADDRESS, &[0xca, 0xfe, 0, 0, 0, 1]),
+        ]
+        .concat();
+        let data: Vec<u8> = [
+            u32_nla(IFLA_NETKIT_MODE, NETKIT_L2),
+            u32_nla(IFLA_NETKIT_POLICY, NETKIT_PASS),
+            u32_nla(IFLA_NETKIT_PEER_POLICY, NETKIT_PASS),
+            u32_nla(IFLA_NETKIT_SCRUB, NETKIT_SCRUB_NONE),
+            u32_nla(IFLA_NETKIT_PEER_SCRUB, NETKIT_SCRUB_NONE),
+            nla(IFLA_NETKIT_PEER_INFO, &peer),
+        ]
+        .concat();
+        let info: Vec<u8> = [nla(IFLA_INFO_KIND, b"netkit\0"), nla(IFLA_INFO_DATA, &data)].concat();
+        let expected: Vec<u8> = [
+            IFINFOMSG.to_vec(),
+            nla(IFLA_IFNAME, b"cali12345678901\0"),
+            u32_nla(IFLA_MTU, 1450),
+            nla(IFLA_ADDRESS, &[0xee; 6]),
+            u32_nla(IFLA_NUM_TX_QUEUES, 1),
+            u32_nla(IFLA_NUM_RX_QUEUES, 1),
+            nla(IFLA_LINKINFO, &info),
+        ]
+        .concat();
+        assert_eq!(got, expected);
+
+        // No MTU (the kernel's default) and no requested MACs: no such
+        // attributes, on either end.
+        let bare = VethSpec {
+            mtu: 0,
+            mac: None,
+            peer_mac: None,
+            ..spec
+        };
+        let msg = netkit_message(&bare);
+        let mut got = vec![0u8; msg.buffer_len()];
+        msg.emit(&mut got);
+        let peer = [
+            IFINFOMSG.to_vec(),
+            nla(IFLA_IFNAME, b"eth0\0"),
+            u32_nla(IFLA_NET_NS_FD, 7),
+        ]
+        .concat();
+        let data = [
+            u32_nla(IFLA_NETKIT_MODE, NETKIT_L2),
+            u32_nla(IFLA_NETKIT_POLICY, NETKIT_PASS),
+            u32_nla(IFLA_NETKIT_PEER_POLICY, NETKIT_PASS),
+            u32_nla(IFLA_NETKIT_SCRUB, NETKIT_SCRUB_NONE),
+            u32_nla(IFLA_NETKIT_PEER_SCRUB, NETKIT_SCRUB_NONE),
+            nla(IFLA_NETKIT_PEER_INFO, &peer),
+        ]
+        .concat();
+        let info = [nla(IFLA_INFO_KIND, b"netkit\0"), nla(IFLA_INFO_DATA, &data)].concat();
+        let expected = [
+            IFINFOMSG.to_vec(),
+            nla(IFLA_IFNAME, b"cali12345678901\0"),
+            u32_nla(IFLA_NUM_TX_QUEUES, 1),
+            u32_nla(IFLA_NUM_RX_QUEUES, 1),
+            nla(IFLA_LINKINFO, &info),
+        ]
+        .concat();
+        assert_eq!(got, expected);
     }
 }

@@ -14,7 +14,10 @@ use tokio::time::Instant;
 use crate::dataplane::netlink::{Netlink, RouteSpec, RtNetlink, VethSpec};
 use crate::dataplane::netns::NetNs;
 use crate::dataplane::sysctl::{self, Sysctl};
-use crate::dataplane::{Dataplane, DataplaneError, MacAddr, PreparedPod};
+use crate::dataplane::{
+    CleanupOutcome, Dataplane, DataplaneError, DeviceKind, MacAddr, Networking, NetworkingOutcome,
+    PreparedPod,
+};
 
 /// The container's IPv4 gateway: a link-local address answered by proxy ARP.
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
@@ -68,30 +71,6 @@ pub struct PodNetwork {
 pub struct Prepared {
     pub host_index: u32,
     pub pod_index: u32,
-    pub container_mac: MacAddr,
-}
-
-/// What ADD asks of the dataplane.
-#[derive(Debug, Clone)]
-pub struct Networking {
-    pub ifname: String,
-    pub host_veth: String,
-    /// The pod's addresses, already /32 and /128.
-    pub ips: Vec<IpNet>,
-    /// Destinations routed via the gateway inside the container.
-    pub routes: Vec<IpNet>,
-    /// 0: kernel default.
-    pub mtu: u32,
-    pub queues: u32,
-    /// A requested container MAC (hwAddr annotation); kernel-assigned if None.
-    pub container_mac: Option<MacAddr>,
-    pub allow_ip_forwarding: bool,
-    pub skip_host_routes: bool,
-    pub deadline: Instant,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetworkingOutcome {
     pub container_mac: MacAddr,
 }
 
@@ -303,7 +282,7 @@ impl Dataplane for VethDataplane {
     async fn prepare(&self, netns: &Path, net: &Networking) -> Result<PreparedPod, DataplaneError> {
         let pod = self.pod(netns)?;
         let links = pod.prepare(net).await?;
-        Ok(PreparedPod { pod, links })
+        Ok(PreparedPod::Local { pod, links })
     }
 
     async fn finish(
@@ -311,7 +290,12 @@ impl Dataplane for VethDataplane {
         pod: &PreparedPod,
         net: &Networking,
     ) -> Result<NetworkingOutcome, DataplaneError> {
-        pod.pod.finish(&pod.links, net).await
+        match pod {
+            PreparedPod::Local { pod, links } => pod.finish(links, net).await,
+            PreparedPod::Remote { .. } => Err(DataplaneError::Netns(
+                "a remote dataplane's pod given to the local one".into(),
+            )),
+        }
     }
 
     async fn check(
@@ -383,16 +367,16 @@ impl PodNetwork {
                 req.ifname
             )));
         }
-        self.host
-            .create_veth(&VethSpec {
-                name: req.host_veth.clone(),
-                mac: Some(MacAddr::CALICO_HOST),
-                peer_name: req.ifname.clone(),
-                peer_mac: req.container_mac,
-                peer_netns: self.pod_fd,
-                mtu: req.mtu,
-                queues: req.queues,
-            })
+        let spec = VethSpec {
+            name: req.host_veth.clone(),
+            mac: Some(MacAddr::CALICO_HOST),
+            peer_name: req.ifname.clone(),
+            peer_mac: req.container_mac,
+            peer_netns: self.pod_fd,
+            mtu: req.mtu,
+            queues: req.queues,
+        };
+        self.create_pair(req.device, &spec)
             .await
             .map_err(|e| match e {
                 DataplaneError::Exists(_) => DataplaneError::Exists(format!(
@@ -421,6 +405,29 @@ impl PodNetwork {
             })
         };
         self.undo_on_error(req, read_back.await).await
+    }
+
+    /// The pair, each end in its namespace: netkit when asked and the
+    /// kernel has it (a kernel without netkit answers EOPNOTSUPP, and the
+    /// pod gets a veth pair instead, as Calico does; any other error is
+    /// the ADD's), else veth.
+    async fn create_pair(&self, device: DeviceKind, spec: &VethSpec) -> Result<(), DataplaneError> {
+        if device == DeviceKind::Netkit {
+            match self.host.create_netkit(spec).await {
+                Err(e) if e.is_unsupported() => {
+                    tracing::info!(
+                        "netkit not supported on this kernel; falling back to veth: {e}"
+                    );
+                }
+                other => {
+                    if other.is_ok() {
+                        tracing::info!(host = %spec.name, "created pod interface: netkit");
+                    }
+                    return other;
+                }
+            }
+        }
+        self.host.create_veth(spec).await
     }
 
     /// The rest of DoNetworking, once the addresses are known: sysctls
@@ -553,6 +560,7 @@ impl PodNetwork {
         }
         Ok(NetworkingOutcome {
             container_mac: p.container_mac,
+            host_interface: None,
         })
     }
 
@@ -663,16 +671,6 @@ fn pod_socket(
         let _context = runtime.enter();
         RtNetlink::socket()
     })?
-}
-
-/// What DEL found in the pod netns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CleanupOutcome {
-    /// No netns path was given, or it no longer exists.
-    NetnsGone,
-    /// The netns exists but the interface did not.
-    LinkGone,
-    Deleted,
 }
 
 /// CleanUpNamespace: deletes `ifname` inside the pod netns (its host peer

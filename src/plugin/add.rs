@@ -11,8 +11,9 @@ use serde_json::Value;
 use crate::cni::env::Command;
 use crate::cni::result::{CniResult, IpConfig};
 use crate::cni::{Error, Result};
-use crate::dataplane::Networking;
 use crate::dataplane::routes::{container_routes_for, host_prefix};
+use crate::dataplane::{DeviceKind, Networking, WorkloadInfo, WorkloadPort};
+use crate::datastore::model::WorkloadEndpoint;
 use crate::ipam::{Ipam, Pending};
 use crate::plugin::context::Context;
 use crate::plugin::endpoint::{endpoint_result, ensure_profile, write_record};
@@ -26,7 +27,7 @@ pub async fn cmd_add(ctx: &Context, workload: &dyn Workload) -> Result<CniResult
     // Prelude: everything that can be refused before any state changes.
     req.conf.check_nodename_file()?;
     let mtu = req.conf.resolve_mtu()?;
-    validate_dataplane(ctx)?;
+    let device = validate_dataplane(ctx)?;
     if !req.conf.readiness_gates.is_empty() {
         crate::plugin::readiness::wait_for_gates(&req.conf.readiness_gates, ctx.deadline()).await?;
     }
@@ -39,7 +40,7 @@ pub async fn cmd_add(ctx: &Context, workload: &dyn Workload) -> Result<CniResult
         AddPlan::Done(result) => Ok(result),
         AddPlan::Create(plan) => {
             let mut undo = Undo::default();
-            match create_endpoint(ctx, ipam.as_ref(), *plan, pending, &mut undo).await {
+            match create_endpoint(ctx, ipam.as_ref(), *plan, device, pending, &mut undo).await {
                 Ok(result) => Ok(result),
                 Err(e) => {
                     undo.run(ctx).await;
@@ -50,22 +51,11 @@ pub async fn cmd_add(ctx: &Context, workload: &dyn Workload) -> Result<CniResult
     }
 }
 
-/// Checks that need nothing but the config (the dataplane choice).
-pub fn validate_dataplane(ctx: &Context) -> Result<()> {
+/// Checks that need nothing but the config (the dataplane choice); the
+/// interface pair `device_type` asks for.
+pub fn validate_dataplane(ctx: &Context) -> Result<DeviceKind> {
     let req = &ctx.req;
-    match req.conf.device_type.as_str() {
-        "" | "veth" => {}
-        "netkit" => {
-            return Err(Error::UnsupportedField(
-                "device_type \"netkit\" is not supported by this build; use \"veth\"".into(),
-            ));
-        }
-        other => {
-            return Err(Error::InvalidConfig(format!(
-                "unknown device_type {other:?} in CNI config (supported: \"veth\", \"netkit\")"
-            )));
-        }
-    }
+    let device = device_kind(&req.conf.device_type)?;
     match req
         .conf
         .dataplane_options
@@ -73,11 +63,27 @@ pub fn validate_dataplane(ctx: &Context) -> Result<()> {
         .and_then(Value::as_str)
     {
         None => Ok(()),
-        Some("grpc") => Err(Error::UnsupportedField(
-            "dataplane_options type \"grpc\" is not supported by this build".into(),
-        )),
+        Some("grpc") => match req.conf.dataplane_options.get("socket") {
+            Some(Value::String(s)) if !s.is_empty() => Ok(()),
+            _ => Err(Error::InvalidConfig(
+                "GRPC dataplane socket not configured".into(),
+            )),
+        },
         Some(other) => Err(Error::InvalidConfig(format!(
             "invalid dataplane type: {other}"
+        ))),
+    }?;
+    Ok(device)
+}
+
+/// `device_type`: empty or `veth`, or `netkit`; anything else is refused
+/// with Calico's message.
+pub fn device_kind(device_type: &str) -> Result<DeviceKind> {
+    match device_type {
+        "" | "veth" => Ok(DeviceKind::Veth),
+        "netkit" => Ok(DeviceKind::Netkit),
+        other => Err(Error::InvalidConfig(format!(
+            "unknown device_type {other:?} in CNI config (supported: \"veth\", \"netkit\")"
         ))),
     }
 }
@@ -130,6 +136,7 @@ async fn create_endpoint(
     ctx: &Context,
     ipam: &dyn Ipam,
     plan: Plan,
+    device: DeviceKind,
     pending: Pending,
     undo: &mut Undo,
 ) -> Result<CniResult> {
@@ -143,6 +150,7 @@ async fn create_endpoint(
         release_config,
         replaces,
         finalize,
+        policy_wait,
     } = plan;
     let req = &ctx.req;
     let networking = Networking {
@@ -152,10 +160,13 @@ async fn create_endpoint(
         routes,
         mtu,
         queues: req.conf.num_queues(),
+        device,
         container_mac,
         allow_ip_forwarding: req.conf.container_settings.allow_ip_forwarding,
         skip_host_routes: false,
         deadline: ctx.deadline(),
+        ipam_addresses: Vec::new(),
+        workload: workload_info(&wep),
     };
     // (Noted before the attempt: a deadline can cut the work short after
     // the pair exists; deleting one never made is harmless. Likewise the
@@ -169,7 +180,9 @@ async fn create_endpoint(
     let (ipam_result, ips, outcome) =
         do_networking(ctx, networking, allocate(ipam, addresses, pending)).await?;
 
-    // The endpoint record.
+    // The endpoint record (a remote dataplane may have named the host
+    // interface otherwise).
+    let host_veth = outcome.host_interface.clone().unwrap_or(host_veth);
     let mac = outcome.container_mac.to_string();
     wep.spec.ip_networks = ips.iter().map(|ip| ip.to_string()).collect();
     wep.spec.mac = mac.clone();
@@ -192,7 +205,47 @@ async fn create_endpoint(
     // Check that the result prints in the config's version before committing.
     let result = endpoint_result(ctx, &host_veth, &mac, &ips, Some(&ipam_result));
     result.to_version(req.version)?;
+
+    // The endpoint's policy in place (Felix's status file), if asked: a
+    // timeout only warns.
+    if let Some(wait) = policy_wait {
+        let workload = format!("{}/{}", wep.metadata.namespace, wep.spec.pod);
+        wait.wait(
+            &wep.spec.orchestrator,
+            &workload,
+            &wep.spec.endpoint,
+            ctx.deadline(),
+        )
+        .await;
+    }
     Ok(result)
+}
+
+/// What a remote dataplane is told of the workload: the record's
+/// identifiers, labels, annotations and ports.
+fn workload_info(wep: &WorkloadEndpoint) -> WorkloadInfo {
+    WorkloadInfo {
+        name: wep.metadata.name.clone(),
+        namespace: wep.metadata.namespace.clone(),
+        labels: wep.metadata.labels.clone(),
+        annotations: wep.metadata.annotations.clone(),
+        endpoint: wep.spec.endpoint.clone(),
+        node: wep.spec.node.clone(),
+        orchestrator: wep.spec.orchestrator.clone(),
+        pod: wep.spec.pod.clone(),
+        ports: wep
+            .spec
+            .ports
+            .iter()
+            .map(|p| WorkloadPort {
+                name: p.name.clone(),
+                protocol: p.protocol.clone(),
+                port: p.port,
+                host_port: p.host_port,
+                host_ip: p.host_ip.clone(),
+            })
+            .collect(),
+    }
 }
 
 /// DoNetworking (calico-behaviour.md §7): the interface pair made while `addresses` are
@@ -234,7 +287,15 @@ async fn do_networking(
         .iter()
         .map(|ip| host_prefix(&ip.address))
         .collect();
-    networking.routes = container_routes_for(std::mem::take(&mut networking.routes), &ips);
+    networking.ipam_addresses = ipam_result
+        .ips
+        .iter()
+        .map(|ip| (ip.address, ip.gateway))
+        .collect();
+    // (A remote dataplane is told the routes as the workload gave them.)
+    if !ctx.dataplane().is_remote() {
+        networking.routes = container_routes_for(std::mem::take(&mut networking.routes), &ips);
+    }
     networking.ips = ips.clone();
     let outcome = tokio::time::timeout(
         req.remaining(),

@@ -62,10 +62,13 @@ pub async fn cmd_check(ctx: &Context, workload: &dyn Workload) -> Result<()> {
         ips: ips.clone(),
         mtu: 0,
         queues: 1,
+        device: Default::default(),
         container_mac: None,
         allow_ip_forwarding: false,
         skip_host_routes: false,
         deadline: ctx.deadline(),
+        ipam_addresses: Vec::new(),
+        workload: Default::default(),
     };
     ctx.dataplane()
         .check(Path::new(&req.env.netns), &expected, expected_mac)

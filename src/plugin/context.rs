@@ -60,7 +60,8 @@ pub struct Context {
 impl Context {
     /// The context of `req` on this kernel's dataplane.
     pub fn new(req: Request) -> Context {
-        Context::with_dataplane(req, crate::dataplane::open())
+        let dataplane = crate::dataplane::open(&req.conf.dataplane_options);
+        Context::with_dataplane(req, dataplane)
     }
 
     /// The context of `req` on `dataplane` (tests: a recording fake).

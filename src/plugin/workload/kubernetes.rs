@@ -17,6 +17,7 @@ use crate::ipam::host_local::{container_routes, needs_pod_cidrs, substitute_pod_
 use crate::k8s::K8sClient;
 use crate::k8s::objects::{Namespace, Pod};
 use crate::plugin::context::{Context, datastore_err};
+use crate::plugin::policy_wait::PolicyWait;
 
 pub struct KubernetesPod;
 
@@ -114,6 +115,9 @@ impl Workload for KubernetesPod {
 /// their annotations; everything checked before anything is allocated.
 async fn cmd_add_k8s(ctx: &Context, mtu: u32) -> Result<Plan> {
     let req = &ctx.req;
+    // (Calico refuses a negative setting only once everything is written;
+    // here it is refused before anything is.)
+    let policy_wait = PolicyWait::from_conf(&req.conf)?;
     let (namespace, pod_name) = (ctx.namespace.as_str(), ctx.ids.pod.as_str());
     let ipam_type = req.conf.ipam.kind.as_str();
     let endpoints = ctx.endpoints().await?;
@@ -198,5 +202,6 @@ async fn cmd_add_k8s(ctx: &Context, mtu: u32) -> Result<Plan> {
         release_config: crate::ipam::release_config(req),
         replaces: existing.as_ref().map(|w| w.spec.container_id.clone()),
         finalize,
+        policy_wait,
     })
 }

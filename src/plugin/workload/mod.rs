@@ -74,6 +74,9 @@ pub struct Plan {
     pub replaces: Option<String>,
     /// Applied to the record once the addresses are known.
     pub finalize: Finalize,
+    /// Waited for once the record is written (Kubernetes pods with
+    /// `policy_setup_timeout_seconds`): the endpoint's policy in place.
+    pub policy_wait: Option<crate::plugin::policy_wait::PolicyWait>,
 }
 
 /// Where an endpoint's addresses come from.

@@ -46,6 +46,7 @@ impl Workload for PlainContainer {
         wep.spec.container_id = req.env.container_id.clone();
         wep.spec.profiles = vec![req.conf.name.clone()];
         Ok(AddPlan::Create(Box::new(Plan {
+            policy_wait: None,
             wep,
             host_veth: ctx.host_veth.clone(),
             mtu,
