@@ -322,6 +322,32 @@ fn the_backend_gets_calicos_messages_and_its_failures_reach_the_caller() {
     assert!(s.reservations().is_empty());
     assert!(s.endpoints().is_empty());
 
+    // An ADD failing after the backend's Add (here: right after the
+    // endpoint is written) undoes it with a Del, and takes nothing.
+    let (ns2, cid2) = (Netns::new(), container_id());
+    let out = s.run_with(
+        "ADD",
+        &cid2,
+        &ns2.path(),
+        "eth0",
+        &s.conf,
+        &[("CALICO_CNI_FAIL_AFTER", "endpoint")],
+    );
+    assert_ne!(out.code, 0, "{out:?}");
+    match backend.take().as_slice() {
+        [Received::Add(a), Received::Del(d)] => {
+            assert_eq!(
+                (a.netns.as_str(), d.netns.as_str()),
+                (ns2.path().as_str(), ns2.path().as_str())
+            );
+            assert_eq!(d.interface_name, "eth0");
+        }
+        other => panic!("expected Add then Del, got {other:?}"),
+    }
+    assert!(ns2.link("eth0").is_none());
+    assert!(s.reservations().is_empty());
+    assert!(s.endpoints().is_empty());
+
     // A backend failing Add: ADD fails with its message, and takes nothing.
     backend.set_result(false);
     let out = s.run("ADD", &container_id(), &ns.path(), "eth0");

@@ -18,14 +18,21 @@ use crate::cni::{Error, NetConf, Result};
 use crate::etcd::{EtcdClient, EtcdConfig};
 use crate::k8s::K8sClient;
 
-/// `datastore_type`, else etcd when endpoints are configured, else
-/// Kubernetes when a kubeconfig is, else the embedded local store.
-pub fn datastore_kind(c: &NetConf) -> Result<Backend> {
-    match c.datastore_type.as_str() {
+/// The datastore type as Calico's client settles it ([`setting`]:
+/// `CALICO_DATASTORE_TYPE`, then `datastore_type`, then
+/// `DATASTORE_TYPE`), else etcd when endpoints are configured (in the
+/// config or the environment), else Kubernetes when a kubeconfig is, else
+/// the embedded local store.
+pub fn datastore_kind(c: &NetConf, vars: &HashMap<String, String>) -> Result<Backend> {
+    let etcd = || {
+        !setting(&c.etcd_endpoints, vars, "ETCD_ENDPOINTS").is_empty()
+            || !setting(&c.etcd_discovery_srv, vars, "ETCD_DISCOVERY_SRV").is_empty()
+    };
+    match setting(&c.datastore_type, vars, "DATASTORE_TYPE").as_str() {
         "local" => Ok(Backend::Local),
         "kubernetes" => Ok(Backend::Kubernetes),
         "etcdv3" => Ok(Backend::Etcd),
-        "" if !c.etcd_endpoints.is_empty() || !c.etcd_discovery_srv.is_empty() => Ok(Backend::Etcd),
+        "" if etcd() => Ok(Backend::Etcd),
         "" if !c.kubernetes.kubeconfig.is_empty() => Ok(Backend::Kubernetes),
         "" => Ok(Backend::Local),
         other => Err(Error::InvalidConfig(format!(
@@ -78,7 +85,7 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<K8sClient>>,
 {
-    match datastore_kind(conf)? {
+    match datastore_kind(conf, vars)? {
         Backend::Local => {
             let busy = deadline.saturating_duration_since(Instant::now());
             Ok(Opened::stored(open_local(conf, busy).await?))
@@ -99,15 +106,15 @@ where
     }
 }
 
-/// A setting from the config, else from the call's variables as Calico's
-/// client reads them from its environment (`CALICO_<NAME>` or `<NAME>`).
+/// A datastore setting as Calico's client ends up with it: Calico exports
+/// the config's value as `<NAME>` and then reads `CALICO_<NAME>`, else
+/// `<NAME>`, from its environment — so `CALICO_<NAME>` in the call's
+/// variables beats the config, which beats `<NAME>`.
 fn setting(from_conf: &str, vars: &HashMap<String, String>, name: &str) -> String {
-    if !from_conf.is_empty() {
-        return from_conf.to_string();
-    }
-    [format!("CALICO_{name}"), name.to_string()]
-        .iter()
-        .find_map(|n| vars.get(n).filter(|v| !v.is_empty()).cloned())
+    let var = |n: &str| vars.get(n).filter(|v| !v.is_empty()).cloned();
+    var(&format!("CALICO_{name}"))
+        .or_else(|| (!from_conf.is_empty()).then(|| from_conf.to_string()))
+        .or_else(|| var(name))
         .unwrap_or_default()
 }
 
@@ -151,4 +158,70 @@ pub fn etcd_config(conf: &NetConf, vars: &HashMap<String, String>) -> Result<Etc
         cert_file: file(setting(&conf.etcd_cert_file, vars, "ETCD_CERT_FILE")),
         key_file: file(setting(&conf.etcd_key_file, vars, "ETCD_KEY_FILE")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_datastore_type_follows_calicos_precedence() {
+        let mut conf = NetConf::default();
+        let none = vars(&[]);
+        assert_eq!(datastore_kind(&conf, &none).unwrap(), Backend::Local);
+        // DATASTORE_TYPE from the environment, when the config says none.
+        let env = vars(&[("DATASTORE_TYPE", "kubernetes")]);
+        assert_eq!(datastore_kind(&conf, &env).unwrap(), Backend::Kubernetes);
+        // The config beats DATASTORE_TYPE...
+        conf.datastore_type = "local".into();
+        assert_eq!(datastore_kind(&conf, &env).unwrap(), Backend::Local);
+        // ... and CALICO_DATASTORE_TYPE beats the config.
+        let calico = vars(&[
+            ("CALICO_DATASTORE_TYPE", "etcdv3"),
+            ("DATASTORE_TYPE", "kubernetes"),
+        ]);
+        assert_eq!(datastore_kind(&conf, &calico).unwrap(), Backend::Etcd);
+        // No type anywhere: etcd when endpoints are known, config or
+        // environment.
+        conf.datastore_type.clear();
+        let endpoints = vars(&[("ETCD_ENDPOINTS", "https://127.0.0.1:2379")]);
+        assert_eq!(datastore_kind(&conf, &endpoints).unwrap(), Backend::Etcd);
+        let bad = vars(&[("DATASTORE_TYPE", "etcdv2")]);
+        assert!(
+            datastore_kind(&conf, &bad)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown datastore_type \"etcdv2\"")
+        );
+    }
+
+    #[test]
+    fn etcd_settings_follow_calicos_precedence() {
+        let mut conf = NetConf {
+            etcd_endpoints: "https://conf:2379".into(),
+            ..NetConf::default()
+        };
+        let env = vars(&[("ETCD_ENDPOINTS", "https://env:2379")]);
+        assert_eq!(
+            etcd_config(&conf, &env).unwrap().endpoints,
+            ["https://conf:2379"]
+        );
+        let calico = vars(&[("CALICO_ETCD_ENDPOINTS", "https://a:2379,https://b:2379")]);
+        assert_eq!(
+            etcd_config(&conf, &calico).unwrap().endpoints,
+            ["https://a:2379", "https://b:2379"]
+        );
+        conf.etcd_endpoints.clear();
+        assert_eq!(
+            etcd_config(&conf, &env).unwrap().endpoints,
+            ["https://env:2379"]
+        );
+    }
 }

@@ -44,8 +44,9 @@ pub struct GrpcDataplane {
     /// The socket's path, or why there is none.
     socket: Result<PathBuf, String>,
     options: BTreeMap<String, String>,
-    /// What this call's `Add` made: (host interface, interface, netns),
-    /// for the undo of a failed ADD.
+    /// What this call's `Add` made: (the host interface name asked for,
+    /// interface, netns), for the undo of a failed ADD (which names the
+    /// interface it asked for, whatever the backend called it).
     added: Mutex<Option<(String, String, String)>>,
 }
 
@@ -306,7 +307,7 @@ impl Dataplane for GrpcDataplane {
             reply.host_interface_name.clone()
         };
         *self.added.lock().expect("not poisoned") = Some((
-            host.clone(),
+            net.host_veth.clone(),
             net.ifname.clone(),
             netns.display().to_string(),
         ));
@@ -351,7 +352,7 @@ impl Dataplane for GrpcDataplane {
     async fn delete_host_link(&self, name: &str) -> Result<bool, DataplaneError> {
         let added = self.added.lock().expect("not poisoned").clone();
         match added {
-            Some((host, ifname, netns)) if host == name => {
+            Some((asked, ifname, netns)) if asked == name => {
                 self.del(&ifname, &netns, Instant::now() + CALL_TIMEOUT)
                     .await?;
                 Ok(true)
