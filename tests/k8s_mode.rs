@@ -1240,3 +1240,87 @@ fn policy_setup_wait_holds_add_until_the_endpoints_status_file_appears() {
     assert!(ns3.link("eth0").is_none());
     assert!(!host_link_exists(&c.veth("pod1")));
 }
+
+/// A readiness gate over https on loopback (the test bed's fault-proxy
+/// certificate: 127.0.0.1, signed by the test bed's CA) answering 200.
+fn tls_readiness_gate(bed: &Testbed) -> String {
+    let config = std::sync::Arc::new(common::faultproxy::server_config(
+        bed.var("TESTBED_PROXY_CERT").as_ref(),
+        bed.var("TESTBED_PROXY_KEY").as_ref(),
+    ));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("https://{}/ready", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let Ok(tls) = rustls::ServerConnection::new(config.clone()) else {
+                continue;
+            };
+            let mut stream = rustls::StreamOwned::new(tls, conn);
+            let mut buf = [0u8; 4096];
+            // (A client that refuses the certificate ends the handshake here.)
+            if std::io::Read::read(&mut stream, &mut buf).is_ok() {
+                let _ = std::io::Write::write_all(
+                    &mut stream,
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+                stream.conn.send_close_notify();
+                let _ = std::io::Write::flush(&mut stream);
+            }
+        }
+    });
+    url
+}
+
+/// https readiness gates, as Calico's Go client takes them: verified
+/// against the system's roots (here the test bed's CA, named by
+/// SSL_CERT_FILE); a gate whose certificate does not verify never opens.
+#[test]
+fn https_readiness_gates_are_verified() {
+    let Some(mut c) = Cluster::new("https_readiness_gates", "local") else {
+        return;
+    };
+    c.conf["readiness_gates"] = json!([tls_readiness_gate(c.bed)]);
+    c.pod("pod1", json!({}));
+    let ns = Netns::new();
+    let cid = container_id();
+    let args = format!(
+        "K8S_POD_NAMESPACE={};K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID={cid}",
+        c.ns.name
+    );
+    let ca = c.bed.ca();
+    let ca = ca.to_str().unwrap();
+    c.setup
+        .run_with(
+            "ADD",
+            &cid,
+            &ns.path(),
+            "eth0",
+            &c.conf,
+            &[("CNI_ARGS", &args), ("SSL_CERT_FILE", ca)],
+        )
+        .assert_ok();
+    c.setup
+        .run_with(
+            "DEL",
+            &cid,
+            &ns.path(),
+            "eth0",
+            &c.conf,
+            &[("CNI_ARGS", &args), ("SSL_CERT_FILE", ca)],
+        )
+        .assert_ok();
+    // Without the CA among the roots the certificate does not verify: the
+    // gate stays closed until the deadline, and nothing is done.
+    c.conf["deadline_seconds"] = json!(1);
+    let out = c.setup.run_with(
+        "ADD",
+        &cid,
+        &ns.path(),
+        "eth0",
+        &c.conf,
+        &[("CNI_ARGS", &args)],
+    );
+    assert_eq!(out.error_code(), 11, "{out:?}");
+    assert!(c.setup.endpoints().is_empty());
+    assert!(ns.link("eth0").is_none());
+}

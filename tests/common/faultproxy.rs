@@ -253,7 +253,8 @@ fn ring() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn server_config(cert_pem: &Path, key_pem: &Path) -> ServerConfig {
+/// A TLS server configuration with `cert_pem` and `key_pem`.
+pub fn server_config(cert_pem: &Path, key_pem: &Path) -> ServerConfig {
     let key = PrivateKeyDer::from_pem_file(key_pem)
         .unwrap_or_else(|e| panic!("{}: {e}", key_pem.display()));
     ServerConfig::builder_with_provider(ring())
