@@ -1289,37 +1289,21 @@ fn https_readiness_gates_are_verified() {
     );
     let ca = c.bed.ca();
     let ca = ca.to_str().unwrap();
-    c.setup
-        .run_with(
-            "ADD",
-            &cid,
-            &ns.path(),
-            "eth0",
-            &c.conf,
-            &[("CNI_ARGS", &args), ("SSL_CERT_FILE", ca)],
-        )
-        .assert_ok();
-    c.setup
-        .run_with(
-            "DEL",
-            &cid,
-            &ns.path(),
-            "eth0",
-            &c.conf,
-            &[("CNI_ARGS", &args), ("SSL_CERT_FILE", ca)],
-        )
-        .assert_ok();
+    // (The API server is reached by the kubeconfig's own CA, whatever the
+    // roots.)
+    let run = |command: &str, conf: &Value, roots: Option<&str>| {
+        let mut env = vec![("CNI_ARGS", args.as_str())];
+        env.extend(roots.map(|r| ("SSL_CERT_FILE", r)));
+        c.setup
+            .run_with(command, &cid, &ns.path(), "eth0", conf, &env)
+    };
+    run("ADD", &c.conf, Some(ca)).assert_ok();
+    run("DEL", &c.conf, Some(ca)).assert_ok();
     // Without the CA among the roots the certificate does not verify: the
     // gate stays closed until the deadline, and nothing is done.
-    c.conf["deadline_seconds"] = json!(1);
-    let out = c.setup.run_with(
-        "ADD",
-        &cid,
-        &ns.path(),
-        "eth0",
-        &c.conf,
-        &[("CNI_ARGS", &args)],
-    );
+    let mut conf = c.conf.clone();
+    conf["deadline_seconds"] = json!(1);
+    let out = run("ADD", &conf, None);
     assert_eq!(out.error_code(), 11, "{out:?}");
     assert!(c.setup.endpoints().is_empty());
     assert!(ns.link("eth0").is_none());

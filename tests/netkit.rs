@@ -94,21 +94,8 @@ fn netkit_pods_work(s: &Setup, kind: &str) {
         assert_eq!(pod_link(ns), (kind.to_string(), 1400));
     }
     let (ipa, ipb) = (addr_of(&ra), addr_of(&rb));
-    let ping = a.exec(&["ping", "-c1", "-W2", &ipb]);
-    assert!(
-        ping.status.success(),
-        "pod to pod: {}",
-        String::from_utf8_lossy(&ping.stdout)
-    );
-    let ping = std::process::Command::new("ping")
-        .args(["-c1", "-W2", &ipa])
-        .output()
-        .unwrap();
-    assert!(
-        ping.status.success(),
-        "host to pod: {}",
-        String::from_utf8_lossy(&ping.stdout)
-    );
+    assert_ping(Some(&a), &ipb, "pod to pod");
+    assert_ping(None, &ipa, "host to pod");
     let mut check = s.conf.clone();
     check["prevResult"] = ra.clone();
     s.run_with("CHECK", &ca, &a.path(), "eth0", &check, &[])
@@ -130,22 +117,45 @@ fn netkit_setup() -> Setup {
     s
 }
 
-#[test]
-fn netkit_falls_back_to_veth_on_a_kernel_without_it() {
-    let test = "netkit_falls_back_to_veth_on_a_kernel_without_it";
+/// Whether `test`, which needs a kernel with (`with`) or without netkit,
+/// can run here; says why when it cannot (neither kernel can stage the
+/// other's case, so the other test runs instead).
+fn kernel_is(test: &str, with: bool) -> bool {
     if !root_or_skip(test) {
-        return;
+        return false;
     }
     match kernel_has_netkit() {
-        Ok(false) => {}
-        Ok(true) => {
+        Ok(has) if has == with => true,
+        Ok(has) => {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            let (what, other) = if has {
+                (
+                    "has netkit, so it never answers EOPNOTSUPP",
+                    "netkit_on_a_kernel_with_netkit",
+                )
+            } else {
+                (
+                    "is built without netkit (CONFIG_NETKIT is not set), so only the veth fallback can be tested here",
+                    "netkit_falls_back_to_veth_on_a_kernel_without_it",
+                )
+            };
             eprintln!(
-                "skipping {test}: this kernel has netkit, so it never answers EOPNOTSUPP \
-                 (netkit_on_a_kernel_with_netkit runs instead)"
+                "skipping {test}: this kernel ({}) {what} ({other})",
+                release.trim()
             );
-            return;
+            false
         }
-        Err(why) => return cannot_run(test, &why),
+        Err(why) => {
+            cannot_run(test, &why);
+            false
+        }
+    }
+}
+
+#[test]
+fn netkit_falls_back_to_veth_on_a_kernel_without_it() {
+    if !kernel_is("netkit_falls_back_to_veth_on_a_kernel_without_it", false) {
+        return;
     }
     let s = netkit_setup();
     netkit_pods_work(&s, "veth");
@@ -159,23 +169,8 @@ fn netkit_falls_back_to_veth_on_a_kernel_without_it() {
 
 #[test]
 fn netkit_on_a_kernel_with_netkit() {
-    let test = "netkit_on_a_kernel_with_netkit";
-    if !root_or_skip(test) {
+    if !kernel_is("netkit_on_a_kernel_with_netkit", true) {
         return;
-    }
-    match kernel_has_netkit() {
-        Ok(true) => {}
-        Ok(false) => {
-            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-            eprintln!(
-                "skipping {test}: this kernel ({}) is built without netkit (CONFIG_NETKIT is \
-                 not set), so only the veth fallback can be tested here \
-                 (netkit_falls_back_to_veth_on_a_kernel_without_it)",
-                release.trim()
-            );
-            return;
-        }
-        Err(why) => return cannot_run(test, &why),
     }
     let s = netkit_setup();
     netkit_pods_work(&s, "netkit");

@@ -237,21 +237,8 @@ fn pods_reach_each_other_and_the_host() {
     let rb = s.run("ADD", &cb, &b.path(), "eth0").assert_ok().json();
     let (ipa, ipb) = (pod_ip(&ra, false), pod_ip(&rb, false));
     assert_ne!(ipa, ipb);
-    let ping = a.exec(&["ping", "-c1", "-W2", addr_only(&ipb)]);
-    assert!(
-        ping.status.success(),
-        "pod to pod: {}",
-        String::from_utf8_lossy(&ping.stdout)
-    );
-    let ping = std::process::Command::new("ping")
-        .args(["-c1", "-W2", addr_only(&ipa)])
-        .output()
-        .unwrap();
-    assert!(
-        ping.status.success(),
-        "host to pod: {}",
-        String::from_utf8_lossy(&ping.stdout)
-    );
+    assert_ping(Some(&a), addr_only(&ipb), "pod to pod");
+    assert_ping(None, addr_only(&ipa), "host to pod");
     s.run("DEL", &ca, &a.path(), "eth0").assert_ok();
     s.run("DEL", &cb, &b.path(), "eth0").assert_ok();
     assert!(s.reservations().is_empty());

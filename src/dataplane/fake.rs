@@ -60,6 +60,14 @@ impl FakeNetlink {
         *self.journal.lock().unwrap() = Some(Arc::clone(journal));
     }
 
+    /// A pair's two ends: `name` here, the peer on the peer side.
+    fn insert_pair(&self, spec: &VethSpec) {
+        self.insert_link(&spec.name, spec.mac, spec.mtu);
+        if let Some(peer) = &self.peer {
+            peer.insert_link(&spec.peer_name, spec.peer_mac, spec.mtu);
+        }
+    }
+
     fn record(&self, op: String) -> Result<(), DataplaneError> {
         let line = format!("{}: {op}", self.name);
         if let Some(j) = self.journal.lock().unwrap().as_ref() {
@@ -138,10 +146,7 @@ impl Netlink for FakeNetlink {
             "create veth {} peer {} mtu {}",
             spec.name, spec.peer_name, spec.mtu
         ))?;
-        self.insert_link(&spec.name, spec.mac, spec.mtu);
-        if let Some(peer) = &self.peer {
-            peer.insert_link(&spec.peer_name, spec.peer_mac, spec.mtu);
-        }
+        self.insert_pair(spec);
         Ok(())
     }
 
@@ -157,10 +162,7 @@ impl Netlink for FakeNetlink {
                 msg: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP).to_string(),
             });
         }
-        self.insert_link(&spec.name, spec.mac, spec.mtu);
-        if let Some(peer) = &self.peer {
-            peer.insert_link(&spec.peer_name, spec.peer_mac, spec.mtu);
-        }
+        self.insert_pair(spec);
         Ok(())
     }
 

@@ -479,6 +479,21 @@ mod tests {
         nla(kind, &v.to_ne_bytes())
     }
 
+    /// IFLA_LINKINFO's payload: kind netkit; L2, forward both ways, no
+    /// scrubbing, then the peer (`peer`: its ifinfomsg and attributes).
+    fn link_info(peer: &[u8]) -> Vec<u8> {
+        let data = [
+            u32_nla(IFLA_NETKIT_MODE, NETKIT_L2),
+            u32_nla(IFLA_NETKIT_POLICY, NETKIT_PASS),
+            u32_nla(IFLA_NETKIT_PEER_POLICY, NETKIT_PASS),
+            u32_nla(IFLA_NETKIT_SCRUB, NETKIT_SCRUB_NONE),
+            u32_nla(IFLA_NETKIT_PEER_SCRUB, NETKIT_SCRUB_NONE),
+            nla(IFLA_NETKIT_PEER_INFO, peer),
+        ]
+        .concat();
+        [nla(IFLA_INFO_KIND, b"netkit\0"), nla(IFLA_INFO_DATA, &data)].concat()
+    }
+
     /// struct ifinfomsg, all zero: AF_UNSPEC, no index, no flags.
     const IFINFOMSG: [u8; 16] = [0; 16];
 
@@ -505,16 +520,7 @@ mod tests {
             nla(IFLA_ADDRESS, &[0xca, 0xfe, 0, 0, 0, 1]),
         ]
         .concat();
-        let data: Vec<u8> = [
-            u32_nla(IFLA_NETKIT_MODE, NETKIT_L2),
-            u32_nla(IFLA_NETKIT_POLICY, NETKIT_PASS),
-            u32_nla(IFLA_NETKIT_PEER_POLICY, NETKIT_PASS),
-            u32_nla(IFLA_NETKIT_SCRUB, NETKIT_SCRUB_NONE),
-            u32_nla(IFLA_NETKIT_PEER_SCRUB, NETKIT_SCRUB_NONE),
-            nla(IFLA_NETKIT_PEER_INFO, &peer),
-        ]
-        .concat();
-        let info: Vec<u8> = [nla(IFLA_INFO_KIND, b"netkit\0"), nla(IFLA_INFO_DATA, &data)].concat();
+        let info = link_info(&peer);
         let expected: Vec<u8> = [
             IFINFOMSG.to_vec(),
             nla(IFLA_IFNAME, b"cali12345678901\0"),
@@ -544,16 +550,7 @@ mod tests {
             u32_nla(IFLA_NET_NS_FD, 7),
         ]
         .concat();
-        let data = [
-            u32_nla(IFLA_NETKIT_MODE, NETKIT_L2),
-            u32_nla(IFLA_NETKIT_POLICY, NETKIT_PASS),
-            u32_nla(IFLA_NETKIT_PEER_POLICY, NETKIT_PASS),
-            u32_nla(IFLA_NETKIT_SCRUB, NETKIT_SCRUB_NONE),
-            u32_nla(IFLA_NETKIT_PEER_SCRUB, NETKIT_SCRUB_NONE),
-            nla(IFLA_NETKIT_PEER_INFO, &peer),
-        ]
-        .concat();
-        let info = [nla(IFLA_INFO_KIND, b"netkit\0"), nla(IFLA_INFO_DATA, &data)].concat();
+        let info = link_info(&peer);
         let expected = [
             IFINFOMSG.to_vec(),
             nla(IFLA_IFNAME, b"cali12345678901\0"),

@@ -118,19 +118,20 @@ pub fn status_file_name(orchestrator: &str, workload: &str, endpoint: &str) -> S
 }
 
 /// Blocks until `path` exists or `until` passes: woken by inotify on its
-/// directory, or polling when the directory cannot be watched.
+/// directory, or polling when the directory cannot be watched (yet).
 fn wait_for_file(path: &Path, until: std::time::Instant) -> bool {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return false;
     };
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
+    let mut watching = false;
     loop {
         // Watch first, then look: a file made in between is not missed.
-        let watch = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
-            .ok()
-            .filter(|i| {
-                i.add_watch(dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
-                    .is_ok()
-            });
+        if !watching && let Some(i) = &inotify {
+            watching = i
+                .add_watch(dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
+                .is_ok();
+        }
         if path.exists() {
             return true;
         }
@@ -139,7 +140,7 @@ fn wait_for_file(path: &Path, until: std::time::Instant) -> bool {
             return false;
         }
         let left = until - now;
-        match &watch {
+        match inotify.as_ref().filter(|_| watching) {
             Some(inotify) => {
                 let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
                 let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);

@@ -396,6 +396,21 @@ impl Setup {
     }
 }
 
+/// One ping of `ip` from the netns `from` (the host when `None`) answers;
+/// `what` names the path in the failure.
+pub fn assert_ping(from: Option<&Netns>, ip: &str, what: &str) {
+    let args = ["ping", "-c1", "-W2", ip];
+    let out = match from {
+        Some(ns) => ns.exec(&args),
+        None => Command::new(args[0]).args(&args[1..]).output().unwrap(),
+    };
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// A container ID whose first 11 characters are unique (they name the host veth).
 pub fn container_id() -> String {
     format!("{}c", unique())
