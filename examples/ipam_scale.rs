@@ -110,6 +110,7 @@ async fn open(backend: &str, admin: bool) -> Result<Arc<dyn Store>, Failure> {
                 ca_cert_file: Some(var("TESTBED_CALICO_ETCD_CA")?.into()),
                 cert_file: Some(var("TESTBED_CALICO_ETCD_CERT")?.into()),
                 key_file: Some(var("TESTBED_CALICO_ETCD_KEY")?.into()),
+                credentials: None,
             };
             Arc::new(EtcdStore::new(EtcdClient::new(&conf, deadline())?))
         }

@@ -967,3 +967,51 @@ fn calico_ipam_runs_in_process_only_when_it_is_this_binary() {
     }
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
 }
+
+/// This binary installed under another name (a conflist naming a copy,
+/// `calico-v3`): run by a runtime (CNI_COMMAND set), the config says which
+/// plugin is meant — the network's `ipam.type` naming it makes it
+/// calico-ipam (addresses only), its `type` the plugin; outside a runtime
+/// the name is refused, as Calico's binary refuses it.
+#[test]
+fn another_name_under_a_runtime() {
+    let test = "another_name_under_a_runtime";
+    let Some(w) = World::new(test, Backend::Embedded) else {
+        return;
+    };
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let renamed = w.bin.join("calico-v3");
+    std::os::unix::fs::symlink(CALICO, &renamed).unwrap();
+    let renamed = renamed.display().to_string();
+    let cid = container_id();
+    let env = |command: &str| {
+        env_of(&[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", &cid),
+            ("CNI_NETNS", "/var/run/netns/not-needed"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", &w.bin.display().to_string()),
+        ])
+    };
+    // As the network's IPAM: an address and no interface.
+    let as_ipam = w.conf_with_ipam(json!({"type": "calico-v3"}));
+    let r = exec(&renamed, &env("ADD"), &as_ipam.to_string())
+        .assert_ok()
+        .json();
+    assert!(r.get("interfaces").is_none(), "{r}");
+    let ip = address(&r, 0).addr();
+    assert_eq!(w.allocations().len(), 1, "{:?}", w.allocations());
+    assert_eq!(w.allocations()[0].0, ip);
+    exec(&renamed, &env("DEL"), &as_ipam.to_string()).assert_ok();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+    // As the network's plugin: the plugin's checks (here: the netns).
+    let mut as_plugin = w.conf();
+    as_plugin["type"] = json!("calico-v3");
+    let out = exec(&renamed, &env("ADD"), &as_plugin.to_string());
+    assert_fails_with(&out, "not-needed");
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+    // Outside a runtime: Calico's refusal.
+    let out = exec(&renamed, &env_of(&[]), "");
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(out.stderr.contains("Unknown binary name: calico-v3"), "{out:?}");
+}

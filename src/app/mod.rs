@@ -45,6 +45,27 @@ impl Personality {
         }
     }
 
+    /// The personality of an executable installed under another name (a
+    /// conflist whose `type` names a copy, `calico-v3` say) that a runtime
+    /// runs (`CNI_COMMAND` set): a runtime runs an IPAM plugin as the
+    /// network's `ipam.type` and the plugin as its `type`, so the name the
+    /// config gives this executable says which one is asked for. Calico's
+    /// combined binary knows only its own names; anything else is the
+    /// plugin, as a runtime names a main plugin far more often.
+    pub fn from_config(argv0: &str, config: &[u8]) -> Personality {
+        let base = Path::new(argv0)
+            .file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or(argv0);
+        let conf: Value = serde_json::from_slice(config).unwrap_or(Value::Null);
+        let named = |v: Option<&Value>| v.and_then(Value::as_str) == Some(base);
+        if named(conf.pointer("/ipam/type")) && !named(conf.get("type")) {
+            Personality::CalicoIpam
+        } else {
+            Personality::Calico
+        }
+    }
+
     fn about(self) -> String {
         let what = match self {
             Personality::Calico => "Calico CNI plugin",
@@ -118,8 +139,12 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
     if Path::new(argv0).file_name().is_some_and(|n| n == "install") {
         return crate::cli::install::run(args.get(1..).unwrap_or_default(), &vars, true).into();
     }
-    let personality = match Personality::from_argv0(argv0) {
+    // Under another name, with a runtime's CNI_COMMAND: the config read
+    // below says which plugin is meant (`Personality::from_config`).
+    let renamed = Personality::from_argv0(argv0).is_err() && vars.contains_key("CNI_COMMAND");
+    let mut personality = match Personality::from_argv0(argv0) {
         Ok(p) => p,
+        Err(_) if renamed => Personality::Calico,
         Err(e) => {
             let mut exit = Exit::error(&e, version::CURRENT);
             exit.stderr = format!("{e}\n");
@@ -210,6 +235,9 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
         );
     }
     let label = reply_version(&input);
+    if renamed {
+        personality = Personality::from_config(argv0, &input);
+    }
     let request = match Request::new(env, &input) {
         Ok(r) => r,
         Err(e) => return Exit::error(&e, &label),

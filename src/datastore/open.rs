@@ -15,7 +15,7 @@ use super::local::LocalStore;
 use super::{Backend, Store};
 use crate::cni::error::Kind;
 use crate::cni::{Error, NetConf, Result};
-use crate::etcd::{EtcdClient, EtcdConfig};
+use crate::etcd::{Credentials, EtcdClient, EtcdConfig};
 use crate::k8s::K8sClient;
 
 /// The datastore type as Calico's client settles it ([`setting`]:
@@ -152,7 +152,15 @@ pub fn etcd_config(conf: &NetConf, vars: &HashMap<String, String>) -> Result<Etc
         ));
     }
     let file = |v: String| (!v.is_empty()).then(|| std::path::PathBuf::from(v));
+    // The environment only (no config key), used when both are set.
+    let (username, password) = (
+        setting("", vars, "ETCD_USERNAME"),
+        setting("", vars, "ETCD_PASSWORD"),
+    );
+    let credentials = (!username.is_empty() && !password.is_empty())
+        .then_some(Credentials { username, password });
     Ok(EtcdConfig {
+        credentials,
         endpoints,
         ca_cert_file: file(setting(&conf.etcd_ca_cert_file, vars, "ETCD_CA_CERT_FILE")),
         cert_file: file(setting(&conf.etcd_cert_file, vars, "ETCD_CERT_FILE")),

@@ -22,7 +22,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::endpoints::{Endpoints, Failed, Round};
-use super::{Compare, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, Txn, TxnResponse};
+use super::{
+    Compare, Credentials, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, Txn, TxnResponse,
+};
 
 /// How long connecting to one member may take before the next is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -37,6 +39,11 @@ type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Byte
 pub struct Gateway {
     client: HttpsClient,
     endpoints: Endpoints,
+    /// etcd's user and password, when the cluster has authentication on.
+    credentials: Option<Credentials>,
+    /// The token `/v3/auth/authenticate` gave for them (simple tokens are
+    /// the cluster's, not one member's: any endpoint takes it).
+    token: Arc<tokio::sync::Mutex<Option<String>>>,
 }
 
 impl Gateway {
@@ -66,7 +73,42 @@ impl Gateway {
             .enable_http1()
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new()).build(connector);
-        Ok(Gateway { client, endpoints })
+        Ok(Gateway {
+            client,
+            endpoints,
+            credentials: conf.credentials.clone(),
+            token: Arc::default(),
+        })
+    }
+
+    /// The token to send, authenticating first when there is none yet;
+    /// `None` without credentials.
+    async fn token(&self, deadline: Instant) -> Result<Option<String>, EtcdError> {
+        let Some(c) = &self.credentials else {
+            return Ok(None);
+        };
+        let mut token = self.token.lock().await;
+        if let Some(t) = token.as_ref() {
+            return Ok(Some(t.clone()));
+        }
+        let body = json!({ "name": c.username, "password": c.password });
+        let answer = self
+            .call_as("/v3/auth/authenticate", &body, None, deadline)
+            .await
+            .map_err(|e| match e {
+                EtcdError::Unauthorized(m) | EtcdError::Server(m) => EtcdError::Unauthorized(
+                    format!("authenticating to etcd as {:?}: {m}", c.username),
+                ),
+                e => e,
+            })?;
+        let fresh = answer
+            .get("token")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| EtcdError::Server("etcd's authenticate answer carries no token".into()))?
+            .to_string();
+        *token = Some(fresh.clone());
+        Ok(Some(fresh))
     }
 
     pub fn endpoints(&self) -> &[String] {
@@ -76,7 +118,30 @@ impl Gateway {
     /// POSTs `body` to `path` on the endpoints in turn, bounded by the
     /// deadline; rounds of all endpoints are repeated, with a growing
     /// pause, for [`RETRY_WINDOW`] while none can serve the call.
+    /// [`Self::call_as`] with the credentials' token; a token the cluster
+    /// no longer knows (expired, or the member restarted) is renewed once.
     async fn call(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, EtcdError> {
+        let token = self.token(deadline).await?;
+        match self.call_as(path, body, token.as_deref(), deadline).await {
+            Err(EtcdError::Unauthorized(m))
+                if token.is_some() && m.contains("invalid auth token") =>
+            {
+                tracing::debug!("etcd no longer knows the auth token; authenticating again");
+                *self.token.lock().await = None;
+                let token = self.token(deadline).await?;
+                self.call_as(path, body, token.as_deref(), deadline).await
+            }
+            other => other,
+        }
+    }
+
+    async fn call_as(
+        &self,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Value, EtcdError> {
         let bytes = Bytes::from(serde_json::to_vec(body).expect("JSON values serialize"));
         let started = Instant::now();
         let mut pause = Duration::from_millis(100);
@@ -84,7 +149,7 @@ impl Gateway {
             let round = self
                 .endpoints
                 .round(path, deadline, |i| {
-                    self.attempt(&self.endpoints.urls()[i], path, bytes.clone())
+                    self.attempt(&self.endpoints.urls()[i], path, bytes.clone(), token)
                 })
                 .await;
             let errors = match round {
@@ -103,14 +168,23 @@ impl Gateway {
         }
     }
 
-    async fn attempt(&self, endpoint: &str, path: &str, body: Bytes) -> Result<Value, Failed> {
-        let request = http::Request::post(format!("{endpoint}{path}"))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body))
-            .map_err(|e| Failed {
-                error: EtcdError::Config(format!("etcd endpoint {endpoint:?}: {e}")),
-                try_next: true,
-            })?;
+    async fn attempt(
+        &self,
+        endpoint: &str,
+        path: &str,
+        body: Bytes,
+        token: Option<&str>,
+    ) -> Result<Value, Failed> {
+        let mut request = http::Request::post(format!("{endpoint}{path}"))
+            .header(http::header::CONTENT_TYPE, "application/json");
+        if let Some(t) = token {
+            // The gateway hands `Authorization` to etcd as the token.
+            request = request.header(http::header::AUTHORIZATION, t);
+        }
+        let request = request.body(Full::new(body)).map_err(|e| Failed {
+            error: EtcdError::Config(format!("etcd endpoint {endpoint:?}: {e}")),
+            try_next: true,
+        })?;
         let response = self.client.request(request).await.map_err(|e| {
             // Not connected: the request never reached the member.
             let try_next = e.is_connect();
@@ -136,9 +210,23 @@ impl Gateway {
                 try_next: false,
             })?
             .to_bytes();
+        if body.starts_with(b"CommonName of client") {
+            // etcd with authentication on will not take a client
+            // certificate's name for a user on its gateway (Calico's gRPC
+            // client can): say what would work.
+            return Err(Failed {
+                error: EtcdError::Unauthorized(format!(
+                    "etcd has authentication enabled and its gateway refuses client certificates ({}): \
+                     authenticate with ETCD_USERNAME and ETCD_PASSWORD and no etcd_cert_file/etcd_key_file",
+                    String::from_utf8_lossy(&body).trim()
+                )),
+                try_next: false,
+            });
+        }
         let value: Value = serde_json::from_slice(&body).map_err(|e| Failed {
             error: EtcdError::Server(format!(
-                "etcd answered {status} with a body that is not JSON: {e}"
+                "etcd answered {status} with a body that is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
             )),
             try_next: false,
         })?;

@@ -59,6 +59,9 @@ impl Grpc {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_require_leader(true);
+        if let Some(c) = &conf.credentials {
+            options = options.with_user(c.username.clone(), c.password.clone());
+        }
         if https {
             // Parsed as the gateway parses them, for the same Config errors
             // now: tonic would only fail at the first connection.

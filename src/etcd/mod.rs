@@ -39,6 +39,26 @@ pub struct EtcdConfig {
     pub ca_cert_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
+    /// etcd's own users (`ETCD_USERNAME`, `ETCD_PASSWORD`): the client
+    /// authenticates once and sends the token with every request.
+    pub credentials: Option<Credentials>,
+}
+
+/// A user name and password for etcd's authentication; the password never
+/// shows in a `Debug` rendering (nor, so, in a log line).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -6,6 +6,7 @@
 //! peers' `etcdctl` (`-w json`), so that nothing the tests check shares code
 //! with the plugin's own etcd client.
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -262,6 +263,8 @@ pub struct PrivateCluster {
     client_key: PathBuf,
     token: String,
     members: Vec<Member>,
+    /// Whether members require a client certificate (`--client-cert-auth`).
+    client_cert_auth: bool,
 }
 
 /// Ports the test bed uses (its etcds and their peer ports); never picked.
@@ -355,6 +358,17 @@ impl PrivateCluster {
     /// member is healthy; `None` when the test cannot run (see `testbed`).
     /// Panics, with the members' log tails, when it does not come up.
     pub fn start(test: &str, members: usize) -> Option<PrivateCluster> {
+        Self::start_with(test, members, true)
+    }
+
+    /// As [`Self::start`]; without `client_cert_auth` the members take
+    /// clients without a certificate (TLS with the server's only), as a
+    /// cluster whose users log in with passwords does.
+    pub fn start_with(
+        test: &str,
+        members: usize,
+        client_cert_auth: bool,
+    ) -> Option<PrivateCluster> {
         assert!(members > 0);
         let bed = crate::common::testbed::testbed(test)?;
         let etcd = crate::common::testbed::peer(test, "etcd")?;
@@ -392,6 +406,7 @@ impl PrivateCluster {
             client_key: pki.join("client.key"),
             token: format!("private-{}", crate::common::unique()),
             members: vec![],
+            client_cert_auth,
             dir,
         };
         // A port another process took between free_ports and etcd's bind
@@ -483,9 +498,16 @@ impl PrivateCluster {
             .arg(&self.server_cert)
             .arg("--key-file")
             .arg(&self.server_key)
-            .arg("--client-cert-auth")
-            .arg("--trusted-ca-file")
-            .arg(&self.ca)
+            // A trusted CA makes etcd ask every client for a certificate.
+            .args(if self.client_cert_auth {
+                vec![
+                    OsStr::new("--client-cert-auth"),
+                    OsStr::new("--trusted-ca-file"),
+                    self.ca.as_os_str(),
+                ]
+            } else {
+                vec![]
+            })
             .arg("--peer-cert-file")
             .arg(&self.server_cert)
             .arg("--peer-key-file")

@@ -65,6 +65,7 @@ impl Etcd {
             ca_cert_file: Some(self.access.ca.clone()),
             cert_file: Some(self.access.cert.clone()),
             key_file: Some(self.access.key.clone()),
+            credentials: None,
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         calico_cni::datastore::etcd::EtcdStore::new(EtcdClient::new(&conf, deadline).unwrap())
