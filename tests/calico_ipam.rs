@@ -1013,5 +1013,8 @@ fn another_name_under_a_runtime() {
     // Outside a runtime: Calico's refusal.
     let out = exec(&renamed, &env_of(&[]), "");
     assert_ne!(out.code, 0, "{out:?}");
-    assert!(out.stderr.contains("Unknown binary name: calico-v3"), "{out:?}");
+    assert!(
+        out.stderr.contains("Unknown binary name: calico-v3"),
+        "{out:?}"
+    );
 }

@@ -295,7 +295,8 @@ impl Allocation {
 }
 
 impl Inventory {
-    /// Every allocation of the live blocks, in block then ordinal order.
+    /// Every allocation of the live blocks, in block then ordinal order
+    /// (addresses cooling down after their release are none).
     pub fn allocations(&self) -> Vec<Allocation> {
         let mut out = Vec::new();
         let mut blocks: Vec<(&IpamBlock, IpNet)> = self.live_blocks().collect();
@@ -304,6 +305,10 @@ impl Inventory {
             for (ordinal, attr) in b.spec.allocations.iter().enumerate() {
                 let Some(attr) = attr else { continue };
                 let attribute = b.spec.attributes.get(*attr);
+                if attribute.is_some_and(|a| a.released_at.is_some()) {
+                    // Released, cooling down: no one's allocation.
+                    continue;
+                }
                 out.push(Allocation {
                     ip: crate::ipam::calico::block::address_at(&cidr, ordinal),
                     handle: attribute.and_then(|a| a.handle_id.clone()),

@@ -212,8 +212,18 @@ pub struct IpamBlockSpec {
 pub struct AllocationAttribute {
     #[serde(rename = "handle_id", skip_serializing_if = "Option::is_none")]
     pub handle_id: Option<String>,
+    /// The owner's attributes (Calico's ActiveOwnerAttrs).
     #[serde(rename = "secondary", skip_serializing_if = "BTreeMap::is_empty")]
     pub secondary: BTreeMap<String, String>,
+    /// A second owner's (a KubeVirt migration target's pod: Calico's
+    /// AlternateOwnerAttrs).
+    #[serde(rename = "alternate", skip_serializing_if = "BTreeMap::is_empty")]
+    pub alternate: BTreeMap<String, String>,
+    /// When the addresses pointing here were released: they cool down
+    /// (IPAMConfig `ipCooldownSeconds`) before they are free again.
+    /// RFC 3339.
+    #[serde(rename = "releasedAt", skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -257,6 +267,16 @@ pub struct IpamConfigSpec {
     pub auto_allocate_blocks: bool,
     #[serde(skip_serializing_if = "is_zero_i32")]
     pub max_blocks_per_host: i32,
+    /// How long a released address stays unused (0: free at once).
+    #[serde(skip_serializing_if = "is_zero_i32")]
+    pub ip_cooldown_seconds: i32,
+    /// KubeVirt VMs keep their addresses: `Enabled` (also when empty) or
+    /// `Disabled`.
+    #[serde(
+        rename = "kubeVirtVMAddressPersistence",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub kubevirt_vm_address_persistence: String,
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -276,8 +296,20 @@ impl IpamConfigSpec {
             strict_affinity: false,
             auto_allocate_blocks: true,
             max_blocks_per_host: 0,
+            ip_cooldown_seconds: 0,
+            kubevirt_vm_address_persistence: String::new(),
             extra: Extra::new(),
         }
+    }
+
+    /// The cooldown of released addresses (negative: none).
+    pub fn ip_cooldown(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::try_from(self.ip_cooldown_seconds).unwrap_or(0))
+    }
+
+    /// Whether KubeVirt VMs keep their addresses (unset: yes).
+    pub fn kubevirt_persistence(&self) -> bool {
+        self.kubevirt_vm_address_persistence != "Disabled"
     }
 }
 
@@ -437,7 +469,7 @@ mod tests {
             attributes: vec![AllocationAttribute {
                 handle_id: Some("net1.abc".into()),
                 secondary: BTreeMap::from([("node".into(), "node-a".into())]),
-                extra: Extra::new(),
+                ..AllocationAttribute::default()
             }],
             sequence_number: 1,
             sequence_number_for_allocation: BTreeMap::from([("0".into(), 0)]),
@@ -455,7 +487,7 @@ mod tests {
         );
         // Fields from a newer Calico survive a round trip.
         let mut newer = value.clone();
-        newer["spec"]["attributes"][0]["releasedAt"] = json!("2026-01-01T00:00:00Z");
+        newer["spec"]["attributes"][0]["futureAttr"] = json!("2026-01-01T00:00:00Z");
         newer["spec"]["future"] = json!(1);
         let back: IpamBlock = serde_json::from_value(newer.clone()).unwrap();
         assert_eq!(serde_json::to_value(back).unwrap(), newer);

@@ -444,6 +444,29 @@ impl World {
         }
     }
 
+    /// Deletes the cluster-scoped object `name` of kind `R` (absent: fine).
+    pub fn delete<R: Resource>(&self, name: &str) {
+        use calico_cni::datastore::Precondition;
+        let s: Box<dyn Store>;
+        let s: &dyn Store = match (&self.etcd, &self.local, &self.kdd) {
+            (Some(etcd), _, _) => {
+                s = Box::new(etcd.store());
+                s.as_ref()
+            }
+            (None, Some(store), _) => store,
+            (None, None, Some(kdd)) => {
+                kdd.bed
+                    .delete(&format!("/apis/{CRD_API}/{}/{name}", R::KIND.plural));
+                return;
+            }
+            _ => unreachable!(),
+        };
+        match block_on(s.delete_object(R::KIND, "", name, &Precondition::default())) {
+            Ok(()) | Err(calico_cni::datastore::DatastoreError::NotFound(_)) => {}
+            Err(e) => panic!("deleting {}({name}): {e}", R::KIND.name),
+        }
+    }
+
     /// The object `name` of kind `R`, as the backend stores it.
     pub fn get<R: Resource>(&self, name: &str) -> Option<Value> {
         if let Some(etcd) = &self.etcd {

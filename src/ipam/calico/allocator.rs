@@ -76,6 +76,8 @@ pub struct Allocator<'a> {
     /// Interrupted deletes this allocator finished (a block so freed is
     /// claimable again).
     finished: AtomicUsize,
+    /// IPAMConfig, read once per allocator (one call).
+    config: tokio::sync::OnceCell<IpamConfigSpec>,
 }
 
 fn ds(what: impl Into<String>) -> impl FnOnce(DatastoreError) -> IpamError {
@@ -116,6 +118,7 @@ impl<'a> Allocator<'a> {
             store,
             host,
             finished: AtomicUsize::new(0),
+            config: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -123,14 +126,46 @@ impl<'a> Allocator<'a> {
         format!("host:{}", self.host)
     }
 
-    /// IPAMConfig `default`, or Calico's defaults when absent.
+    /// IPAMConfig `default`, or Calico's defaults when absent (read once).
     pub async fn config(&self) -> Result<IpamConfigSpec, IpamError> {
-        Ok(self
-            .store
-            .get::<IpamConfig>("", IpamConfig::NAME)
+        self.config
+            .get_or_try_init(|| async {
+                Ok(self
+                    .store
+                    .get::<IpamConfig>("", IpamConfig::NAME)
+                    .await
+                    .map_err(ds("error getting IPAMConfig"))?
+                    .map_or_else(IpamConfigSpec::defaults, |c| c.spec))
+            })
             .await
-            .map_err(ds("error getting IPAMConfig"))?
-            .map_or_else(IpamConfigSpec::defaults, |c| c.spec))
+            .cloned()
+    }
+
+    /// The `releasedAt` of a release now: `None` (freed at once) without a
+    /// cooldown. Sub-second precision, so that a cooldown is never cut
+    /// short by the stamp's rounding (Calico's whole seconds read the same).
+    async fn release_stamp(&self) -> Result<Option<String>, IpamError> {
+        let cooldown = self.config().await?.ip_cooldown();
+        Ok((!cooldown.is_zero()).then(|| {
+            jiff::Timestamp::try_from(SystemTime::now())
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+                .to_string()
+        }))
+    }
+
+    /// A block as read, its cooled addresses freed (saved with the next
+    /// write of the block, as in Calico).
+    async fn collected(&self, mut block: IpamBlock) -> Result<IpamBlock, IpamError> {
+        if block
+            .spec
+            .attributes
+            .iter()
+            .any(|a| a.released_at.is_some())
+        {
+            let cooldown = self.config().await?.ip_cooldown();
+            block::collect_cooled(&mut block.spec, cooldown, SystemTime::now());
+        }
+        Ok(block)
     }
 
     pub async fn pools(&self) -> Result<Vec<IpPool>, IpamError> {
@@ -170,7 +205,8 @@ impl<'a> Allocator<'a> {
                 self.finish_delete(&b).await;
                 Ok(None)
             }
-            other => Ok(other),
+            Some(b) => Ok(Some(self.collected(b).await?)),
+            None => Ok(None),
         }
     }
 
@@ -384,12 +420,13 @@ impl<'a> Allocator<'a> {
     }
 
     /// Releases addresses this call took, logging (not returning) errors:
-    /// the caller reports the failure that made it undo.
+    /// the caller reports the failure that made it undo. They were never
+    /// handed out, so they are free at once (no cooldown).
     async fn undo(&self, handle: &str, ips: &[IpAddr]) {
         if ips.is_empty() {
             return;
         }
-        if let Err(e) = self.release_ips(ips).await {
+        if let Err(e) = self.release_ips_as(ips, None).await {
             tracing::warn!(%handle, "releasing {ips:?} after a failed assignment: {e}");
         }
     }
@@ -778,13 +815,16 @@ impl<'a> Allocator<'a> {
         let name = handle_name_on(self.store.backend(), handle);
         let what = format!("error releasing IPAMHandle({name})");
         let mut freed = 0;
+        let stamp = self.release_stamp().await?;
         for _ in 0..CAS_ATTEMPTS {
             let Some(mut h) = self.live_handle(&name, &what).await? else {
                 return Ok((freed > 0).then_some(freed));
             };
             for cidr in h.spec.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {
                 freed += self
-                    .release_in_block(&cidr, |b| block::release_handle(b, handle))
+                    .release_in_block(&cidr, |b| {
+                        block::release_handle(b, handle, stamp.as_deref())
+                    })
                     .await?;
             }
             match self
@@ -817,6 +857,7 @@ impl<'a> Allocator<'a> {
             if freed == 0 {
                 return Ok(0);
             }
+            // (A block read with cooled addresses freed saves that too.)
             let result = if block::is_empty(&blk.spec) && blk.spec.affinity.is_none() {
                 blk.spec.sequence_number += 1;
                 self.store
@@ -835,8 +876,14 @@ impl<'a> Allocator<'a> {
     }
 
     /// Frees these addresses, whoever holds them, and takes them off their
-    /// handles (the ipAddrs re-create path and rollbacks).
+    /// handles (the ipAddrs re-create path and rollbacks); they cool down
+    /// when IPAMConfig says so.
     pub async fn release_ips(&self, ips: &[IpAddr]) -> Result<(), IpamError> {
+        let stamp = self.release_stamp().await?;
+        self.release_ips_as(ips, stamp.as_deref()).await
+    }
+
+    async fn release_ips_as(&self, ips: &[IpAddr], stamp: Option<&str>) -> Result<(), IpamError> {
         let pools = self.pools().await?;
         let mut by_block: BTreeMap<IpNet, Vec<IpAddr>> = BTreeMap::new();
         for &ip in ips {
@@ -853,7 +900,7 @@ impl<'a> Allocator<'a> {
         for (cidr, ips) in by_block {
             let handles = std::sync::Mutex::new(BTreeMap::new());
             self.release_in_block(&cidr, |b| {
-                let freed = block::release_ips(b, &cidr, &ips);
+                let freed = block::release_ips(b, &cidr, &ips, stamp);
                 let total = freed.values().sum();
                 *handles.lock().unwrap_or_else(|p| p.into_inner()) = freed;
                 total
@@ -890,6 +937,7 @@ impl<'a> Allocator<'a> {
         else {
             return Ok(AddressRelease::NotAllocated);
         };
+        let stamp = self.release_stamp().await?;
         let outcome = std::sync::Mutex::new(AddressRelease::NotAllocated);
         let set = |o: AddressRelease| *outcome.lock().unwrap_or_else(|p| p.into_inner()) = o;
         self.release_in_block(&cidr, |b| {
@@ -898,7 +946,8 @@ impl<'a> Allocator<'a> {
                 set(AddressRelease::NotAllocated);
                 return 0;
             };
-            let Some(attr) = b.allocations[ordinal] else {
+            let Some(attr) = b.allocations[ordinal].filter(|_| !block::is_cooling(b, ordinal))
+            else {
                 set(AddressRelease::NotAllocated);
                 return 0;
             };
@@ -918,7 +967,9 @@ impl<'a> Allocator<'a> {
                     return 0;
                 }
             }
-            let freed = block::release_ips(b, &cidr, &[ip]).values().sum();
+            let freed = block::release_ips(b, &cidr, &[ip], stamp.as_deref())
+                .values()
+                .sum();
             set(AddressRelease::Released { handle });
             freed
         })
@@ -978,7 +1029,7 @@ impl<'a> Allocator<'a> {
             .await
             .map_err(ds("error listing IPAM blocks"))?;
         let mut per_pool = vec![0u128; nets.len()];
-        for b in blocks.iter().filter(|b| !b.spec.deleted) {
+        for b in blocks.into_iter().filter(|b| !b.spec.deleted) {
             let Ok(cidr) = b.spec.cidr.parse::<IpNet>() else {
                 continue;
             };
@@ -986,6 +1037,7 @@ impl<'a> Allocator<'a> {
                 continue;
             };
             per_pool[i] += 1;
+            let b = self.collected(b).await?;
             let usable = !strict || b.spec.affinity.as_deref() == Some(ours.as_str());
             if usable && block::free_count(&b.spec, &cidr, &is_reserved) > 0 {
                 return Ok(true);

@@ -3,9 +3,17 @@
 //! attributes (shared entries, compacted when unused), and the sequence
 //! numbers Calico records. The allocator reads a block, applies one of
 //! these operations and writes it back compare-and-swap.
+//!
+//! IP cooldown (Calico's IPAMConfig `ipCooldownSeconds`): with a cooldown,
+//! a released ordinal is not returned to `unallocated` but pointed at an
+//! attribute holding only `releasedAt` (no handle, so no handle's lookup
+//! finds it; allocated, so nothing hands it out and the block is not
+//! empty); [`collect_cooled`] frees those whose cooldown has passed, as
+//! every read of a block does.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
 
@@ -168,8 +176,9 @@ pub fn assign_one(
     Ok(())
 }
 
-/// Frees every ordinal held by `handle`; returns how many.
-pub fn release_handle(block: &mut IpamBlockSpec, handle: &str) -> usize {
+/// Frees every ordinal held by `handle` (cooling them down when
+/// `released_at` is given); returns how many.
+pub fn release_handle(block: &mut IpamBlockSpec, handle: &str, released_at: Option<&str>) -> usize {
     let held: HashSet<usize> = block
         .attributes
         .iter()
@@ -184,16 +193,19 @@ pub fn release_handle(block: &mut IpamBlockSpec, handle: &str) -> usize {
         .filter(|(_, a)| a.is_some_and(|i| held.contains(&i)))
         .map(|(o, _)| o)
         .collect();
-    free(block, &ordinals);
+    free(block, &ordinals, released_at);
     ordinals.len()
 }
 
-/// Frees these addresses (those allocated); returns, per handle, how many
-/// were freed (`""` for allocations without a handle).
+/// Frees these addresses (those allocated; a cooling one is released
+/// already and left as it is), cooling them down when `released_at` is
+/// given; returns, per handle, how many were freed (`""` for allocations
+/// without a handle).
 pub fn release_ips(
     block: &mut IpamBlockSpec,
     cidr: &IpNet,
     ips: &[IpAddr],
+    released_at: Option<&str>,
 ) -> BTreeMap<String, usize> {
     let mut freed = BTreeMap::new();
     let mut ordinals = Vec::new();
@@ -201,7 +213,9 @@ pub fn release_ips(
         let Some(o) = ordinal_of(cidr, ip).filter(|&o| o < block.allocations.len()) else {
             continue;
         };
-        if let Some(attr) = block.allocations[o] {
+        if let Some(attr) = block.allocations[o]
+            && !is_cooling(block, o)
+        {
             let handle = block
                 .attributes
                 .get(attr)
@@ -211,20 +225,77 @@ pub fn release_ips(
             ordinals.push(o);
         }
     }
-    free(block, &ordinals);
+    free(block, &ordinals, released_at);
     freed
 }
 
-fn free(block: &mut IpamBlockSpec, ordinals: &[usize]) {
+/// Whether `ordinal` is a released address cooling down.
+pub fn is_cooling(block: &IpamBlockSpec, ordinal: usize) -> bool {
+    block
+        .allocations
+        .get(ordinal)
+        .copied()
+        .flatten()
+        .and_then(|a| block.attributes.get(a))
+        .is_some_and(|a| a.released_at.is_some())
+}
+
+/// How many addresses of the block are cooling down.
+pub fn cooling_count(block: &IpamBlockSpec) -> usize {
+    (0..block.allocations.len())
+        .filter(|&o| is_cooling(block, o))
+        .count()
+}
+
+fn free(block: &mut IpamBlockSpec, ordinals: &[usize], released_at: Option<&str>) {
     if ordinals.is_empty() {
         return;
     }
-    for &o in ordinals {
-        block.allocations[o] = None;
-        block.sequence_number_for_allocation.remove(&o.to_string());
-        block.unallocated.push(o);
+    match released_at {
+        Some(at) => {
+            // One entry per release, as Calico adds it.
+            block.attributes.push(AllocationAttribute {
+                released_at: Some(at.to_string()),
+                ..AllocationAttribute::default()
+            });
+            let cooling = block.attributes.len() - 1;
+            for &o in ordinals {
+                block.allocations[o] = Some(cooling);
+            }
+        }
+        None => {
+            for &o in ordinals {
+                block.allocations[o] = None;
+                block.sequence_number_for_allocation.remove(&o.to_string());
+                block.unallocated.push(o);
+            }
+        }
     }
     compact_attributes(block);
+}
+
+/// Frees the cooling addresses released `cooldown` or longer before
+/// `now` (every one when the cooldown is 0; an unreadable time counts as
+/// long ago), as Calico does on every read of a block; whether any was.
+pub fn collect_cooled(block: &mut IpamBlockSpec, cooldown: Duration, now: SystemTime) -> bool {
+    let cutoff = jiff::Timestamp::try_from(now.checked_sub(cooldown).unwrap_or(now)).ok();
+    let cooled = |a: &AllocationAttribute| {
+        a.released_at
+            .as_deref()
+            .is_some_and(|at| match (at.parse::<jiff::Timestamp>(), cutoff) {
+                (Ok(at), Some(cutoff)) => at <= cutoff,
+                _ => true,
+            })
+    };
+    let done: Vec<usize> = block
+        .allocations
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.and_then(|i| block.attributes.get(i)).is_some_and(cooled))
+        .map(|(o, _)| o)
+        .collect();
+    free(block, &done, None);
+    !done.is_empty()
 }
 
 /// Drops attribute entries no allocation points at, re-indexing the rest.
@@ -289,7 +360,7 @@ mod tests {
         assert_eq!(got, ["10.0.0.2".parse::<IpAddr>().unwrap()]);
         assert_eq!(b.allocations[2], Some(1));
         // Releasing h1 returns its ordinals to the tail and compacts.
-        assert_eq!(release_handle(&mut b, "h1"), 2);
+        assert_eq!(release_handle(&mut b, "h1", None), 2);
         assert_eq!(b.unallocated, [3, 0, 1]);
         assert_eq!(b.allocations, [None, None, Some(0), None]);
         assert_eq!(b.attributes[0].handle_id.as_deref(), Some("h2"));
@@ -330,10 +401,62 @@ mod tests {
             assign_one(&mut b, &cidr, "fd01::1".parse().unwrap(), "x", &attrs("q")),
             Err(AssignOneError::OutOfBlock)
         );
-        let freed = release_ips(&mut b, &cidr, &[ip, "fd00::1".parse().unwrap()]);
+        let freed = release_ips(&mut b, &cidr, &[ip, "fd00::1".parse().unwrap()], None);
         assert_eq!(freed, BTreeMap::from([("h".to_string(), 1)]));
         assert!(is_empty(&b));
         assert_eq!(block_len(&"10.0.0.0/26".parse().unwrap()), 64);
         assert_eq!(block_len(&"fd00::/122".parse().unwrap()), 64);
+    }
+
+    #[test]
+    fn released_addresses_cool_down() {
+        let cidr: IpNet = "10.0.0.0/30".parse().unwrap();
+        let mut b = new_block(&cidr, Some("host:a".into()), None);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let stamp = jiff::Timestamp::try_from(t0).unwrap().to_string();
+        assign(&mut b, &cidr, 2, "h1", &attrs("p1"), NONE);
+        assign(&mut b, &cidr, 1, "h2", &attrs("p2"), NONE);
+        assert_eq!(release_handle(&mut b, "h1", Some(&stamp)), 2);
+        // Cooling: allocated to no handle, not free, the block not empty.
+        assert_eq!(b.allocations, [Some(1), Some(1), Some(0), None]);
+        assert_eq!(b.attributes[1].released_at.as_deref(), Some(stamp.as_str()));
+        assert_eq!(b.attributes[1].handle_id, None);
+        assert_eq!(b.unallocated, [3]);
+        assert_eq!(cooling_count(&b), 2);
+        assert!(addresses_of(&b, &cidr, "h1").is_empty());
+        // Nothing hands them out, by FIFO or by address.
+        assert_eq!(assign(&mut b, &cidr, 4, "h3", &attrs("p3"), NONE).len(), 1);
+        assert_eq!(
+            assign_one(&mut b, &cidr, address_at(&cidr, 0), "h4", &attrs("p4")),
+            Err(AssignOneError::InUse(None))
+        );
+        // Released again: no change (the cooldown is not restarted).
+        let later = jiff::Timestamp::try_from(t0 + Duration::from_secs(5))
+            .unwrap()
+            .to_string();
+        assert!(release_ips(&mut b, &cidr, &[address_at(&cidr, 0)], Some(&later)).is_empty());
+        // Before the cooldown has passed: still cooling.
+        let cooldown = Duration::from_secs(30);
+        assert!(!collect_cooled(
+            &mut b,
+            cooldown,
+            t0 + Duration::from_secs(29)
+        ));
+        assert_eq!(cooling_count(&b), 2);
+        // After: free, at the FIFO's tail, the attribute and sequence numbers gone.
+        assert!(collect_cooled(
+            &mut b,
+            cooldown,
+            t0 + Duration::from_secs(30)
+        ));
+        assert_eq!(b.unallocated, [0, 1]);
+        assert_eq!(b.allocations, [None, None, Some(0), Some(1)]);
+        assert_eq!(b.attributes.len(), 2);
+        assert!(b.attributes.iter().all(|a| a.released_at.is_none()));
+        assert!(!b.sequence_number_for_allocation.contains_key("0"));
+        // A cooldown of 0 frees at once; Calico's whole-second stamps read too.
+        release_handle(&mut b, "h2", Some("2027-01-15T08:00:00Z"));
+        assert!(collect_cooled(&mut b, Duration::ZERO, t0));
+        assert_eq!(b.unallocated, [0, 1, 2]);
     }
 }
