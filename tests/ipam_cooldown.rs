@@ -25,7 +25,7 @@ use calico_cni::datastore::ipam_model::IpamConfig;
 use common::etcd::PrivateCluster;
 use common::ipam::{Backend, World, address};
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// One test at a time: IPAMConfig is cluster-wide.
 static TURN: Mutex<()> = Mutex::new(());
@@ -34,22 +34,42 @@ const COOLDOWN: Duration = Duration::from_secs(1);
 const WORKERS: usize = 4;
 const CYCLES: usize = 12;
 
-/// IPAMConfig `default` with a cooldown while it lives; deleted after.
-struct Config<'a>(&'a World);
+/// IPAMConfig `default` with a cooldown while it lives; then as it was
+/// (the test bed's API server has one, as calico-node makes it).
+struct Config<'a> {
+    w: &'a World,
+    before: Option<Value>,
+}
 
 impl<'a> Config<'a> {
     fn with_cooldown(w: &'a World, seconds: u64) -> Config<'a> {
-        w.delete::<IpamConfig>(IpamConfig::NAME);
-        w.create::<IpamConfig>(json!({"metadata": {"name": IpamConfig::NAME},
-            "spec": {"strictAffinity": false, "autoAllocateBlocks": true,
-                     "ipCooldownSeconds": seconds}}));
-        Config(w)
+        let before = w.get::<IpamConfig>(IpamConfig::NAME);
+        match &before {
+            Some(current) => {
+                let mut changed = current.clone();
+                changed["spec"]["ipCooldownSeconds"] = json!(seconds);
+                w.update::<IpamConfig>(changed);
+            }
+            None => {
+                w.create::<IpamConfig>(json!({"metadata": {"name": IpamConfig::NAME},
+                    "spec": {"strictAffinity": false, "autoAllocateBlocks": true,
+                             "ipCooldownSeconds": seconds}}));
+            }
+        }
+        Config { w, before }
     }
 }
 
 impl Drop for Config<'_> {
     fn drop(&mut self) {
-        self.0.delete::<IpamConfig>(IpamConfig::NAME);
+        match (&self.before, self.w.get::<IpamConfig>(IpamConfig::NAME)) {
+            (Some(before), Some(mut now)) => {
+                now["spec"] = before["spec"].clone();
+                self.w.update::<IpamConfig>(now);
+            }
+            (None, _) => self.w.delete::<IpamConfig>(IpamConfig::NAME),
+            (Some(_), None) => panic!("IPAMConfig default disappeared"),
+        }
     }
 }
 
