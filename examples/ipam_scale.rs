@@ -129,6 +129,7 @@ async fn open(backend: &str, admin: bool) -> Result<Arc<dyn Store>, Failure> {
             Arc::new(KubernetesStore::new(
                 K8sClient::new(&conf, deadline()).await?,
                 None,
+                None,
             ))
         }
     })

@@ -27,6 +27,10 @@ echo "test.sh: test bed up at $((SECONDS - t0)) s"
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets --features fault-injection -- -D warnings
 cargo test --locked --features fault-injection
+# The Kubernetes datastore's IPAM suites again on Calico v3.32's native v3
+# CRDs (`calico_api_group: projectcalico.org/v3`; tests/common/ipam.rs).
+CALICO_TEST_API_GROUP=projectcalico.org/v3 \
+  cargo test --locked --features fault-injection --test calico_ipam --test ipam_cooldown -- kdd
 echo "test.sh: tests done at $((SECONDS - t0)) s"
 # The node stage: a real kubelet, kube-scheduler and containerd on the test
 # bed, this build installed by `calico install` (scripts/testbed-node.sh),

@@ -27,7 +27,8 @@
 #   calico-etcd-0..2 on 127.0.0.1, TLS with client certificates on the client
 #   and the peer URLs, and a client certificate calico-cni for the plugin;
 # - Calico's CRDs (testbed/crds.json: group crd.projectcalico.org, v1,
-#   cluster-scoped), the calico-cni-plugin ServiceAccount bound to the
+#   cluster-scoped; testbed/crds-v3.json: the same as Calico v3.32's native
+#   projectcalico.org/v3 CRDs), the calico-cni-plugin ServiceAccount bound to the
 #   calico-cni ClusterRole (testbed/rbac.json: the permissions Calico's
 #   calico-cni role grants), a CNI kubeconfig holding a token minted for it
 #   with the TokenRequest API, ClusterInformation `default` with
@@ -289,11 +290,15 @@ crd_established() {
 }
 
 calico_objects() {
-  local crd
-  while read -r crd; do
-    create /apis/apiextensions.k8s.io/v1/customresourcedefinitions "$crd"
-  done < <(jq -c '.[]' testbed/crds.json)
-  for crd in $(jq -r '.[].metadata.name' testbed/crds.json); do
+  local crd set
+  # Both sets: crd.projectcalico.org/v1 (what the tests use by default) and
+  # Calico v3.32's native projectcalico.org/v3 CRDs (calico_api_group).
+  for set in testbed/crds.json testbed/crds-v3.json; do
+    while read -r crd; do
+      create /apis/apiextensions.k8s.io/v1/customresourcedefinitions "$crd"
+    done < <(jq -c '.[]' "$set")
+  done
+  for crd in $(jq -r '.[].metadata.name' testbed/crds.json testbed/crds-v3.json); do
     wait_for "CRD $crd" 30 crd_established "$crd"
   done
   local obj kind
@@ -301,7 +306,11 @@ calico_objects() {
     kind=$(jq -r .kind <<<"$obj")
     case $kind in
       ServiceAccount) create /api/v1/namespaces/kube-system/serviceaccounts "$obj" ;;
-      ClusterRole) create /apis/rbac.authorization.k8s.io/v1/clusterroles "$obj" ;;
+      ClusterRole)
+        create /apis/rbac.authorization.k8s.io/v1/clusterroles "$obj"
+        # An older test bed's role: brought up to date.
+        admin PUT "/apis/rbac.authorization.k8s.io/v1/clusterroles/$(jq -r .metadata.name <<<"$obj")" \
+          --data-binary "$obj" >/dev/null ;;
       ClusterRoleBinding) create /apis/rbac.authorization.k8s.io/v1/clusterrolebindings "$obj" ;;
       *) die "testbed/rbac.json: unexpected kind $kind" ;;
     esac
@@ -316,6 +325,14 @@ calico_objects() {
   # cluster calico-node's start-up has made it before any pod).
   create /apis/crd.projectcalico.org/v1/ipamconfigs '{
     "apiVersion": "crd.projectcalico.org/v1", "kind": "IPAMConfig",
+    "metadata": {"name": "default"},
+    "spec": {"autoAllocateBlocks": true, "strictAffinity": false, "kubeVirtVMAddressPersistence": "Enabled"}
+  }'
+  # The same in the v3 group (IPAMConfig is IPAMConfiguration there).
+  create /apis/projectcalico.org/v3/clusterinformations "$(admin GET /apis/crd.projectcalico.org/v1/clusterinformations/default \
+    | jq -c '{apiVersion: "projectcalico.org/v3", kind: "ClusterInformation", metadata: {name: "default"}, spec: .spec}')"
+  create /apis/projectcalico.org/v3/ipamconfigurations '{
+    "apiVersion": "projectcalico.org/v3", "kind": "IPAMConfiguration",
     "metadata": {"name": "default"},
     "spec": {"autoAllocateBlocks": true, "strictAffinity": false, "kubeVirtVMAddressPersistence": "Enabled"}
   }'

@@ -1018,3 +1018,125 @@ fn another_name_under_a_runtime() {
         "{out:?}"
     );
 }
+
+/// Calico v3.32's native v3 CRDs, found by discovery as Calico finds them:
+/// through a proxy in front of the test bed's API server that makes it
+/// look like a cluster serving `projectcalico.org` and not
+/// `crd.projectcalico.org` (its plain 404 for that group, an `/apis` list
+/// without it), calico-ipam with no `calico_api_group` asks `/apis` once,
+/// then allocates in the v3 CRDs (read back from the real server, where
+/// the v1 CRDs see nothing of it) and releases there. Where the v1 group
+/// is served, nothing is discovered: not one request more.
+#[test]
+fn the_v3_group_is_discovered_where_v1_is_not_served() {
+    use common::faultproxy::{Fault, FaultProxy, Rule};
+    let test = "the_v3_group_is_discovered_where_v1_is_not_served";
+    let Some(w) = World::new(test, Backend::Kdd) else {
+        return;
+    };
+    let bed = w.bed();
+    let v3 = "/apis/projectcalico.org/v3";
+    // The world's pool, in the v3 group (the world's own is in crd_api()).
+    let pool_name = w.pool(&w.v4(0).to_string(), json!({}));
+    let mut pool = w.get::<IpPool>(&pool_name).unwrap();
+    pool["apiVersion"] = json!("projectcalico.org/v3");
+    pool["metadata"] = json!({"name": format!("{pool_name}-v3")});
+    if v3_mode() {
+        pool["metadata"]["name"] = json!(pool_name);
+    } else {
+        bed.create(&format!("{v3}/ippools"), &pool);
+    }
+    let proxy = FaultProxy::start(
+        bed.api(),
+        &bed.ca(),
+        bed.var("TESTBED_PROXY_CERT").as_ref(),
+        bed.var("TESTBED_PROXY_KEY").as_ref(),
+    );
+    let kubeconfig = bed.kubeconfig(
+        w.dir.path(),
+        "through-proxy",
+        &proxy.url(),
+        json!({"token": bed.cni_token()}),
+    );
+    let mut conf = w.conf();
+    conf["kubernetes"] = json!({"kubeconfig": kubeconfig});
+    conf.as_object_mut().unwrap().remove("calico_api_group");
+
+    // A cluster with the v1 group: no discovery.
+    if !v3_mode() {
+        let cid = container_id();
+        w.ipam("ADD", &cid, &conf, "").assert_ok();
+        w.ipam("DEL", &cid, &conf, "").assert_ok();
+        let asked: Vec<_> = proxy
+            .requests()
+            .into_iter()
+            .filter(|(_, p)| p == "/apis")
+            .collect();
+        assert!(asked.is_empty(), "discovery where v1 is served: {asked:?}");
+    }
+
+    // A cluster with only the v3 group.
+    proxy.push(Rule {
+        method: None,
+        path_contains: Some("/apis/crd.projectcalico.org/".into()),
+        path_is: None,
+        times: None,
+        fault: Fault::Answer(404, "text/plain", "404 page not found".into()),
+    });
+    let groups = json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": "apps", "versions": [{"groupVersion": "apps/v1", "version": "v1"}]},
+        {"name": "projectcalico.org",
+         "versions": [{"groupVersion": "projectcalico.org/v3", "version": "v3"}]}]});
+    proxy.push(Rule::exactly(
+        "GET",
+        "/apis",
+        Fault::Answer(200, "application/json", groups.to_string()),
+    ));
+    let before = proxy.requests().len();
+    let cid = container_id();
+    let r = w.ipam("ADD", &cid, &conf, "").assert_ok().json();
+    let ip = address(&r, 0).addr();
+    let handle = format!("net1.{cid}");
+    let got = bed
+        .get(&format!("{v3}/ipamhandles/{handle}"))
+        .expect("the v3 handle");
+    assert_eq!(got["spec"]["handleID"], json!(handle), "{got}");
+    assert!(
+        bed.get(&format!(
+            "/apis/crd.projectcalico.org/v1/ipamhandles/{handle}"
+        ))
+        .is_none()
+            || v3_mode()
+    );
+    let block = IpNet::new(ip, 26).unwrap().trunc();
+    let name = block.to_string().replace(['.', '/'], "-");
+    let stored = bed
+        .get(&format!("{v3}/ipamblocks/{name}"))
+        .expect("the v3 block");
+    assert!(
+        block_allocations(&stored).contains(&(ip, handle.clone())),
+        "{stored}"
+    );
+    let affinity = bed
+        .get(&format!("{v3}/blockaffinities/{}-{name}", w.node))
+        .expect("the v3 affinity");
+    assert_eq!(
+        affinity["spec"]["deleted"],
+        json!(false),
+        "a boolean in v3: {affinity}"
+    );
+    let requests: Vec<_> = proxy.requests().split_off(before);
+    let asked = requests.iter().filter(|(_, p)| p == "/apis").count();
+    assert_eq!(asked, 1, "one discovery per call: {requests:?}");
+    w.ipam("DEL", &cid, &conf, "").assert_ok();
+    assert!(bed.get(&format!("{v3}/ipamhandles/{handle}")).is_none());
+    let stored = bed.get(&format!("{v3}/ipamblocks/{name}")).unwrap();
+    assert!(block_allocations(&stored).is_empty(), "{stored}");
+
+    // The v3 objects this test made beside the world's own.
+    if !v3_mode() {
+        bed.delete(&format!("{v3}/blockaffinities/{}-{name}", w.node));
+        bed.delete(&format!("{v3}/ipamblocks/{name}"));
+        bed.delete(&format!("{v3}/ippools/{pool_name}-v3"));
+    }
+}

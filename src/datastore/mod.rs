@@ -44,8 +44,8 @@ pub enum Backend {
 pub struct Kind {
     /// The v3 kind, e.g. `WorkloadEndpoint`; the SQLite key's first part.
     pub name: &'static str,
-    /// The CRD plural (`crd.projectcalico.org/v1/<plural>`) and the path
-    /// segment of its etcd keys.
+    /// The CRD plural (`crd.projectcalico.org/v1/<plural>`; v3 CRDs rename
+    /// one, see `kubernetes::crd`) and the path segment of its etcd keys.
     pub plural: &'static str,
     pub namespaced: bool,
     /// How the objects are laid out on etcd.
@@ -76,31 +76,6 @@ impl Kind {
         } else {
             format!(
                 "/calico/resources/v3/projectcalico.org/{}/{name}",
-                self.plural
-            )
-        }
-    }
-
-    /// The API path of an object of this kind stored as a Calico CRD.
-    pub fn crd_path(&self, namespace: &str, name: &str) -> String {
-        let collection = self.crd_collection(namespace);
-        format!("{collection}/{name}")
-    }
-
-    /// The API path of this kind's CRD collection.
-    pub fn crd_collection(&self, namespace: &str) -> String {
-        if self.namespaced {
-            format!(
-                "/apis/{}/{}/namespaces/{namespace}/{}",
-                crate::k8s::client::CALICO_CRD_GROUP,
-                crate::k8s::client::CALICO_CRD_VERSION,
-                self.plural
-            )
-        } else {
-            format!(
-                "/apis/{}/{}/{}",
-                crate::k8s::client::CALICO_CRD_GROUP,
-                crate::k8s::client::CALICO_CRD_VERSION,
                 self.plural
             )
         }

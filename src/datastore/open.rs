@@ -17,6 +17,7 @@ use crate::cni::error::Kind;
 use crate::cni::{Error, NetConf, Result};
 use crate::etcd::{Credentials, EtcdClient, EtcdConfig};
 use crate::k8s::K8sClient;
+use crate::k8s::client::CalicoApiGroup;
 
 /// The datastore type as Calico's client settles it ([`setting`]:
 /// `CALICO_DATASTORE_TYPE`, then `datastore_type`, then
@@ -91,7 +92,16 @@ where
             Ok(Opened::stored(open_local(conf, busy).await?))
         }
         Backend::Kubernetes => {
-            let kdd = Arc::new(KubernetesStore::new(client().await?, interface_prefix));
+            let group = CalicoApiGroup::from_setting(&setting(
+                &conf.calico_api_group,
+                vars,
+                "CALICO_API_GROUP",
+            ));
+            let kdd = Arc::new(KubernetesStore::new(
+                client().await?,
+                interface_prefix,
+                group,
+            ));
             Ok(Opened {
                 store: Arc::clone(&kdd) as Arc<dyn Store>,
                 endpoints: Arc::clone(&kdd) as Arc<dyn Endpoints>,

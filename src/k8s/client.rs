@@ -40,6 +40,51 @@ fn clone_request(request: &http::Request<Vec<u8>>) -> http::Request<Vec<u8>> {
 /// The API group of Calico's CRDs in the Kubernetes datastore.
 pub const CALICO_CRD_GROUP: &str = "crd.projectcalico.org";
 pub const CALICO_CRD_VERSION: &str = "v1";
+/// The group of Calico's native v3 CRDs (Calico v3.32's mode without its
+/// aggregated API server).
+pub const CALICO_V3_GROUP: &str = "projectcalico.org";
+
+/// Which CRDs hold Calico's objects on an API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CalicoApiGroup {
+    /// `crd.projectcalico.org/v1` (every Calico release).
+    CrdV1,
+    /// `projectcalico.org/v3` as CRDs.
+    V3,
+}
+
+impl CalicoApiGroup {
+    /// A `calico_api_group` / `CALICO_API_GROUP` value as Calico reads it:
+    /// `projectcalico.org/v3` (any case) is v3, any other value v1; `None`
+    /// when unset (discovery decides).
+    pub fn from_setting(value: &str) -> Option<CalicoApiGroup> {
+        match value.trim() {
+            "" => None,
+            v if v.eq_ignore_ascii_case("projectcalico.org/v3") => Some(CalicoApiGroup::V3),
+            _ => Some(CalicoApiGroup::CrdV1),
+        }
+    }
+
+    /// Calico's discovery rule: v3 only when the API server serves
+    /// `projectcalico.org` and not `crd.projectcalico.org` (a cluster with
+    /// Calico's aggregated API server serves both, its data in the v1 CRDs).
+    pub fn discovered(served: &[String]) -> CalicoApiGroup {
+        let serves = |g: &str| served.iter().any(|s| s == g);
+        if serves(CALICO_V3_GROUP) && !serves(CALICO_CRD_GROUP) {
+            CalicoApiGroup::V3
+        } else {
+            CalicoApiGroup::CrdV1
+        }
+    }
+
+    /// `group/version`.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            CalicoApiGroup::CrdV1 => "crd.projectcalico.org/v1",
+            CalicoApiGroup::V3 => "projectcalico.org/v3",
+        }
+    }
+}
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum K8sError {
@@ -59,6 +104,10 @@ pub enum K8sError {
     /// 409 AlreadyExists.
     #[error("{0}")]
     AlreadyExists(String),
+    /// 404 for the path itself (no object's NotFound): the API server
+    /// serves no such group or resource.
+    #[error("{0}: the API server serves no such resource")]
+    NotServed(String),
 }
 
 /// Where the credentials came from, for error messages (never the secret).
@@ -419,7 +468,13 @@ impl K8sClient {
                     REQUEST_TIMEOUT.as_secs()
                 ))),
                 Ok(Ok(v)) => Ok(Some(v)),
-                Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(None),
+                Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
+                    if status.reason == "NotFound" {
+                        Ok(None)
+                    } else {
+                        Err(K8sError::NotServed(what.to_string()))
+                    }
+                }
                 // Throttled (API priority and fairness, or a proxy): the
                 // request was not processed, so it is sent again after the
                 // wait the server asks for, as client-go does, while the
@@ -631,6 +686,28 @@ impl K8sClient {
         );
         self.get_json(&format!("error getting {kind}({name})"), &path)
             .await
+    }
+
+    /// The API groups the server serves (`/apis`).
+    pub async fn served_groups(&self) -> Result<Vec<String>, K8sError> {
+        let list: Option<Value> = self
+            .call(
+                "error discovering the API groups",
+                Self::request(http::Method::GET, "/apis", None, None),
+            )
+            .await?;
+        Ok(list
+            .as_ref()
+            .and_then(|l| l.get("groups"))
+            .and_then(Value::as_array)
+            .map(|groups| {
+                groups
+                    .iter()
+                    .filter_map(|g| g.get("name").and_then(Value::as_str))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 }
 

@@ -47,6 +47,10 @@ pub enum Fault {
     /// Run this (blocking: a concurrent writer, say) off the proxy's thread,
     /// then forward the request.
     Before(Arc<dyn Fn() + Send + Sync>),
+    /// Answer this status, content type and body, without forwarding (what
+    /// a server that serves other things answers: the API server's plain
+    /// `404 page not found` for a group it does not serve, say).
+    Answer(u16, &'static str, String),
 }
 
 impl std::fmt::Debug for Fault {
@@ -57,6 +61,7 @@ impl std::fmt::Debug for Fault {
             Fault::Reset => f.write_str("Reset"),
             Fault::Status(code) => write!(f, "Status({code})"),
             Fault::Before(_) => f.write_str("Before(..)"),
+            Fault::Answer(code, _, _) => write!(f, "Answer({code})"),
         }
     }
 }
@@ -68,6 +73,8 @@ impl std::fmt::Debug for Fault {
 pub struct Rule {
     pub method: Option<String>,
     pub path_contains: Option<String>,
+    /// Matches only this path (with its query), when set.
+    pub path_is: Option<String>,
     pub times: Option<usize>,
     pub fault: Fault,
 }
@@ -94,6 +101,7 @@ impl Rule {
         Rule {
             method: None,
             path_contains: None,
+            path_is: None,
             times: None,
             fault,
         }
@@ -103,6 +111,7 @@ impl Rule {
         Rule {
             method: Some(method.to_owned()),
             path_contains: Some(path_contains.to_owned()),
+            path_is: None,
             times: None,
             fault,
         }
@@ -116,6 +125,17 @@ impl Rule {
         }
     }
 
+    /// Requests for exactly `path` (with no query).
+    pub fn exactly(method: &str, path: &str, fault: Fault) -> Rule {
+        Rule {
+            method: Some(method.to_owned()),
+            path_contains: None,
+            path_is: Some(path.to_owned()),
+            times: None,
+            fault,
+        }
+    }
+
     fn matches(&self, method: &str, path: &str) -> bool {
         self.times != Some(0)
             && self.method.as_deref().is_none_or(|m| m == method)
@@ -123,6 +143,7 @@ impl Rule {
                 .path_contains
                 .as_deref()
                 .is_none_or(|p| path.contains(p))
+            && self.path_is.as_deref().is_none_or(|p| path == p)
     }
 }
 
@@ -355,6 +376,16 @@ impl Forwarder {
             Some(Fault::Status(code)) => {
                 read_body(req).await;
                 return Ok(status(code, "injected by the fault proxy"));
+            }
+            Some(Fault::Answer(code, content_type, body)) => {
+                read_body(req).await;
+                let mut response = Response::new(Either::Right(Full::new(Bytes::from(body))));
+                *response.status_mut() =
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                response
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+                return Ok(response);
             }
             Some(Fault::Hang) => {
                 read_body(req).await;

@@ -2,8 +2,9 @@
 //! bed's real API server: a node, address ranges of its own, pools, the
 //! `calico-ipam` personality (this binary under that name), and the IPAM
 //! objects read back in the backend's own JSON (v3 objects from the
-//! embedded store, `crd.projectcalico.org/v1` objects from the API server;
-//! their `spec`s are the same).
+//! embedded store, Calico's CRD objects from the API server — in
+//! `crd.projectcalico.org/v1`, or the v3 CRDs (see [`crd_api`]); their
+//! `spec`s are the same).
 //!
 //! Isolation on the shared API server (IPAM objects are cluster-scoped):
 //! every world takes a /20 and a /48 that no pool or block of the cluster
@@ -32,8 +33,62 @@ pub use calico_cni::datastore::ipam_model::{BlockAffinity, IpPool, IpamBlock, Ip
 #[allow(unused_imports)]
 pub use calico_cni::datastore::model::WorkloadEndpoint;
 
-/// The API group and version of Calico's CRDs on the test bed.
-pub const CRD_API: &str = "crd.projectcalico.org/v1";
+/// The API group and version of Calico's CRDs the KDD worlds use:
+/// `crd.projectcalico.org/v1`, or, with `CALICO_TEST_API_GROUP` set to
+/// `projectcalico.org/v3` (the test command's second KDD pass), Calico
+/// v3.32's native v3 CRDs — the plugin told so by `calico_api_group`.
+pub fn crd_api() -> &'static str {
+    if v3_mode() {
+        "projectcalico.org/v3"
+    } else {
+        "crd.projectcalico.org/v1"
+    }
+}
+
+/// Whether the KDD worlds run on the v3 CRDs.
+pub fn v3_mode() -> bool {
+    std::env::var("CALICO_TEST_API_GROUP").is_ok_and(|g| g == "projectcalico.org/v3")
+}
+
+/// A kind's CRD plural in the group in use (written here, not taken from
+/// the plugin: the v3 group names the IPAM configuration differently).
+pub fn crd_plural(kind: &calico_cni::datastore::Kind) -> &'static str {
+    match kind.plural {
+        "ipamconfigs" if v3_mode() => "ipamconfigurations",
+        plural => plural,
+    }
+}
+
+/// A CRD object read from the API server, as the tests compare it (the v1
+/// shape): BlockAffinity's `deleted` is a boolean in the v3 CRD, the IPAM
+/// configuration's kind IPAMConfiguration.
+fn as_read(mut object: Value) -> Value {
+    if let Some(b) = object.pointer("/spec/deleted").and_then(Value::as_bool)
+        && object["kind"] == "BlockAffinity"
+    {
+        object["spec"]["deleted"] = json!(b.to_string());
+    }
+    if object["kind"] == "IPAMConfiguration" {
+        object["kind"] = json!("IPAMConfig");
+    }
+    object
+}
+
+/// An object in the v1 shape as the API server's CRD in use takes it.
+fn as_written(mut object: Value) -> Value {
+    object["apiVersion"] = json!(crd_api());
+    if v3_mode() {
+        if object["kind"] == "BlockAffinity"
+            && let Some(d) = object.pointer("/spec/deleted").and_then(Value::as_str)
+        {
+            object["spec"]["deleted"] = json!(d == "true");
+        }
+        if object["kind"] == "IPAMConfig" {
+            object["kind"] = json!("IPAMConfiguration");
+        }
+    }
+    object
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -210,7 +265,9 @@ impl World {
                 // Ranges no pool or block of the cluster overlaps.
                 let mut taken: Vec<IpNet> = Vec::new();
                 for plural in ["ippools", "ipamblocks"] {
-                    let list = bed.get(&format!("/apis/{CRD_API}/{plural}")).expect("list");
+                    let list = bed
+                        .get(&format!("/apis/{}/{plural}", crd_api()))
+                        .expect("list");
                     taken.extend(list["items"].as_array().unwrap().iter().filter_map(cidr_of));
                 }
                 (world.v4_base, world.v6_base) = free_slot(start, &taken, "the test bed");
@@ -409,13 +466,15 @@ impl World {
                 block_on(s.create_object(R::KIND, object)).unwrap()
             }
             (None, Some(kdd)) => {
-                object["apiVersion"] = json!(CRD_API);
+                let object = as_written(object);
                 if R::KIND.name == IpamHandle::KIND.name {
                     let name = object["metadata"]["name"].as_str().unwrap().to_string();
                     kdd.handles.lock().unwrap().push(name);
                 }
-                kdd.bed
-                    .create(&format!("/apis/{CRD_API}/{}", R::KIND.plural), &object)
+                as_read(kdd.bed.create(
+                    &format!("/apis/{}/{}", crd_api(), crd_plural(R::KIND)),
+                    &object,
+                ))
             }
             (None, None) => unreachable!(),
         }
@@ -435,10 +494,10 @@ impl World {
             }
             (None, Some(kdd)) => {
                 let name = object["metadata"]["name"].as_str().unwrap();
-                let path = format!("/apis/{CRD_API}/{}/{name}", R::KIND.plural);
-                let (code, v) = kdd.bed.admin("PUT", &path, Some(&object));
+                let path = format!("/apis/{}/{}/{name}", crd_api(), crd_plural(R::KIND));
+                let (code, v) = kdd.bed.admin("PUT", &path, Some(&as_written(object)));
                 assert_eq!(code, 200, "PUT {path}: {v}");
-                v
+                as_read(v)
             }
             (None, None) => unreachable!(),
         }
@@ -455,8 +514,11 @@ impl World {
             }
             (None, Some(store), _) => store,
             (None, None, Some(kdd)) => {
-                kdd.bed
-                    .delete(&format!("/apis/{CRD_API}/{}/{name}", R::KIND.plural));
+                kdd.bed.delete(&format!(
+                    "/apis/{}/{}/{name}",
+                    crd_api(),
+                    crd_plural(R::KIND)
+                ));
                 return;
             }
             _ => unreachable!(),
@@ -481,7 +543,12 @@ impl World {
             }
             (None, Some(kdd)) => kdd
                 .bed
-                .get(&format!("/apis/{CRD_API}/{}/{name}", R::KIND.plural)),
+                .get(&format!(
+                    "/apis/{}/{}/{name}",
+                    crd_api(),
+                    crd_plural(R::KIND)
+                ))
+                .map(as_read),
             (None, None) => unreachable!(),
         }
     }
@@ -500,11 +567,14 @@ impl World {
             }
             (None, Some(kdd)) => kdd
                 .bed
-                .get(&format!("/apis/{CRD_API}/{}", R::KIND.plural))
+                .get(&format!("/apis/{}/{}", crd_api(), crd_plural(R::KIND)))
                 .expect("list")["items"]
                 .as_array()
                 .unwrap()
-                .clone(),
+                .iter()
+                .cloned()
+                .map(as_read)
+                .collect(),
             (None, None) => unreachable!(),
         }
     }
@@ -605,6 +675,10 @@ impl World {
             Backend::Kdd => {
                 conf["datastore_type"] = json!("kubernetes");
                 conf["kubernetes"] = json!({"kubeconfig": self.bed().cni_kubeconfig()});
+                if v3_mode() {
+                    // As the tigera operator writes it into the conflist.
+                    conf["calico_api_group"] = json!(crd_api());
+                }
             }
             Backend::Etcd => {
                 let a = self.etcd_access();
@@ -795,7 +869,7 @@ impl Drop for World {
             }
         };
         for plural in ["ipamhandles", "ipamblocks", "blockaffinities"] {
-            let path = format!("/apis/{CRD_API}/{plural}");
+            let path = format!("/apis/{}/{plural}", crd_api());
             let (code, list) = bed.admin("GET", &path, None);
             if code != 200 {
                 continue;
@@ -808,7 +882,11 @@ impl Drop for World {
             }
         }
         for pool in kdd.pools.lock().unwrap().iter() {
-            let _ = bed.admin("DELETE", &format!("/apis/{CRD_API}/ippools/{pool}"), None);
+            let _ = bed.admin(
+                "DELETE",
+                &format!("/apis/{}/ippools/{pool}", crd_api()),
+                None,
+            );
         }
     }
 }

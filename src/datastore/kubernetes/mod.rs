@@ -7,13 +7,23 @@
 //! the pod's resourceVersion as read (so a concurrent writer makes it 409);
 //! a delete clears podIP/podIPs under resourceVersion and uid
 //! preconditions. Profiles are synthesised from namespaces and service
-//! accounts (read-only). Every other kind is its `crd.projectcalico.org/v1`
-//! custom resource, written with PUT on the resourceVersion read and
-//! deleted with uid/resourceVersion preconditions.
+//! accounts (read-only). Every other kind is its Calico custom resource
+//! ([`crd`]: `crd.projectcalico.org/v1`, or Calico v3.32's native
+//! `projectcalico.org/v3` CRDs as `calico_api_group` / `CALICO_API_GROUP`
+//! or, unset, discovery decide), written with PUT on the resourceVersion
+//! read and deleted with uid/resourceVersion preconditions.
+//!
+//! Discovery costs nothing where the v1 CRDs are served (most clusters,
+//! and every one whose config names the group, as the tigera operator's
+//! does): the store starts with v1, and only a Calico request the API
+//! server answers "no such resource" asks which groups it serves (once per
+//! call), settling on v3 by Calico's rule.
 
+pub mod crd;
 pub mod endpoint;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
@@ -26,7 +36,7 @@ use super::ipam_model::Node;
 use super::model::{API_VERSION, Profile, WorkloadEndpoint};
 use super::names::WepIdentifiers;
 use super::{Backend, DatastoreError, Kind, ListFilter, Precondition, Resource, Store, meta_field};
-use crate::k8s::client::{CALICO_CRD_GROUP, CALICO_CRD_VERSION, K8sClient, K8sError, segment};
+use crate::k8s::client::{CalicoApiGroup, K8sClient, K8sError, segment};
 use crate::k8s::objects::Pod;
 
 /// Attempts at a conditional create that keeps meeting concurrent writers.
@@ -39,6 +49,19 @@ pub struct KubernetesStore {
     client: K8sClient,
     /// FELIX_INTERFACEPREFIX, for host veth names.
     interface_prefix: Option<String>,
+    /// Where Calico's objects are, shared with the store's clones.
+    group: Arc<Mutex<GroupChoice>>,
+    /// The discovered group: asked once, however many requests find their
+    /// group not served at once.
+    discovered: Arc<tokio::sync::OnceCell<CalicoApiGroup>>,
+}
+
+/// The API group in use, and whether it is settled (configured, or
+/// discovered) or assumed (v1, until the API server says otherwise).
+#[derive(Debug, Clone, Copy)]
+struct GroupChoice {
+    group: CalicoApiGroup,
+    settled: bool,
 }
 
 impl From<K8sError> for DatastoreError {
@@ -57,23 +80,68 @@ fn malformed(e: serde_json::Error) -> DatastoreError {
     DatastoreError::Other(format!("malformed object: {e}"))
 }
 
-/// A Calico CRD object as the v3 resource it stands for.
-fn from_crd(mut object: Value) -> Value {
-    object["apiVersion"] = json!(API_VERSION);
-    object
-}
-
-/// A v3 resource as its Calico CRD object.
-fn to_crd(mut object: Value) -> Value {
-    object["apiVersion"] = json!(format!("{CALICO_CRD_GROUP}/{CALICO_CRD_VERSION}"));
-    object
-}
-
 impl KubernetesStore {
-    pub fn new(client: K8sClient, interface_prefix: Option<String>) -> KubernetesStore {
+    /// A store on `client`; `group` is the configured API group of
+    /// Calico's CRDs (`None`: discovered when needed).
+    pub fn new(
+        client: K8sClient,
+        interface_prefix: Option<String>,
+        group: Option<CalicoApiGroup>,
+    ) -> KubernetesStore {
         KubernetesStore {
             client,
             interface_prefix,
+            group: Arc::new(Mutex::new(GroupChoice {
+                group: group.unwrap_or(CalicoApiGroup::CrdV1),
+                settled: group.is_some(),
+            })),
+            discovered: Arc::default(),
+        }
+    }
+
+    fn choice(&self) -> GroupChoice {
+        *self.group.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The API group Calico's objects are read and written in now.
+    pub fn api_group(&self) -> CalicoApiGroup {
+        self.choice().group
+    }
+
+    /// Runs a request on Calico's CRDs in the group in use; when the API
+    /// server serves no such resource and the group was only assumed, asks
+    /// which groups it serves and, if that changes the group, runs it again.
+    async fn in_group<T, F, Fut>(&self, request: F) -> Result<T, K8sError>
+    where
+        F: Fn(CalicoApiGroup) -> Fut,
+        Fut: std::future::Future<Output = Result<T, K8sError>>,
+    {
+        let choice = self.choice();
+        match request(choice.group).await {
+            Err(K8sError::NotServed(what)) if !choice.settled => {
+                let found = *self
+                    .discovered
+                    .get_or_try_init(|| async {
+                        let found = CalicoApiGroup::discovered(&self.client.served_groups().await?);
+                        *self.group.lock().unwrap_or_else(|p| p.into_inner()) = GroupChoice {
+                            group: found,
+                            settled: true,
+                        };
+                        tracing::info!(
+                            "the API server does not serve {}; Calico's objects are in {} (discovered)",
+                            choice.group.api_version(),
+                            found.api_version()
+                        );
+                        Ok::<_, K8sError>(found)
+                    })
+                    .await?;
+                if found == choice.group {
+                    Err(K8sError::NotServed(what))
+                } else {
+                    request(found).await
+                }
+            }
+            other => other,
         }
     }
 
@@ -233,10 +301,6 @@ impl KubernetesStore {
         })))
     }
 
-    fn crd_path(kind: &Kind, namespace: &str, name: &str) -> Result<String, DatastoreError> {
-        Ok(kind.crd_path(Self::scope(kind, namespace)?, segment(name)?))
-    }
-
     /// The namespace of a kind's API paths, checked: `""` when cluster-scoped.
     fn scope<'a>(kind: &Kind, namespace: &'a str) -> Result<&'a str, DatastoreError> {
         if kind.namespaced {
@@ -284,9 +348,21 @@ impl Store for KubernetesStore {
         if kind.name == Node::KIND.name {
             return self.node(name).await;
         }
-        let path = Self::crd_path(kind, namespace, name)?;
+        let (scope, name) = (Self::scope(kind, namespace)?, segment(name)?);
         let what = format!("error getting {}", kind.describe(namespace, name));
-        Ok(self.client.get_json(&what, &path).await?.map(from_crd))
+        let got = self
+            .in_group(|group| {
+                let path = crd::path(kind, group, scope, name);
+                let what = &what;
+                async move { self.client.get_json(what, &path).await }
+            })
+            .await;
+        match got {
+            Ok(object) => Ok(object.map(|o| crd::from_crd(kind, o))),
+            // A kind whose CRD the cluster lacks holds nothing.
+            Err(K8sError::NotServed(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn list_objects(
@@ -312,17 +388,22 @@ impl Store for KubernetesStore {
             _ => None,
         };
         let what = format!("error listing {}", kind.plural);
-        let items = self
-            .client
-            .list_json(
-                &what,
-                &kind.crd_collection(Self::scope(kind, namespace)?),
-                selector.as_deref(),
-            )
-            .await?;
+        let scope = Self::scope(kind, namespace)?;
+        let listed = self
+            .in_group(|group| {
+                let path = crd::collection(kind, group, scope);
+                let (what, selector) = (&what, selector.as_deref());
+                async move { self.client.list_json(what, &path, selector).await }
+            })
+            .await;
+        let items = match listed {
+            Ok(items) => items,
+            Err(K8sError::NotServed(_)) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
         let mut objects: Vec<Value> = items
             .into_iter()
-            .map(from_crd)
+            .map(|o| crd::from_crd(kind, o))
             .filter(|o| match filter {
                 ListFilter::NamePrefix(p) => meta_field(o, "name").starts_with(p.as_str()),
                 _ => true,
@@ -341,14 +422,20 @@ impl Store for KubernetesStore {
         let namespace = meta_field(&object, "namespace").to_string();
         let name = meta_field(&object, "name").to_string();
         let what = format!("error creating {}", kind.describe(&namespace, &name));
-        let collection = kind.crd_collection(Self::scope(kind, &namespace)?);
-        let mut body = to_crd(object);
-        if let Some(m) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+        let scope = Self::scope(kind, &namespace)?;
+        let mut object = object;
+        if let Some(m) = object.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
         }
-        Ok(from_crd(
-            self.client.create_json(&what, &collection, &body).await?,
-        ))
+        let created = self
+            .in_group(|group| {
+                let collection = crd::collection(kind, group, scope);
+                let body = crd::to_crd(kind, group, object.clone());
+                let what = &what;
+                async move { self.client.create_json(what, &collection, &body).await }
+            })
+            .await?;
+        Ok(crd::from_crd(kind, created))
     }
 
     async fn update_object(
@@ -366,13 +453,17 @@ impl Store for KubernetesStore {
             )));
         }
         let what = format!("error updating {}", kind.describe(&namespace, &name));
-        let path = Self::crd_path(kind, &namespace, &name)?;
-        match self
-            .client
-            .replace_json(&what, &path, &to_crd(object))
-            .await?
-        {
-            Some(stored) => Ok(from_crd(stored)),
+        let (scope, segment_name) = (Self::scope(kind, &namespace)?, segment(&name)?);
+        let stored = self
+            .in_group(|group| {
+                let path = crd::path(kind, group, scope, segment_name);
+                let body = crd::to_crd(kind, group, object.clone());
+                let what = &what;
+                async move { self.client.replace_json(what, &path, &body).await }
+            })
+            .await?;
+        match stored {
+            Some(stored) => Ok(crd::from_crd(kind, stored)),
             None => Err(DatastoreError::NotFound(kind.describe(&namespace, &name))),
         }
     }
@@ -386,22 +477,31 @@ impl Store for KubernetesStore {
     ) -> Result<(), DatastoreError> {
         writable(kind)?;
         let what = format!("error deleting {}", kind.describe(namespace, name));
-        let path = Self::crd_path(kind, namespace, name)?;
-        self.client
-            .delete_json(
-                &what,
-                &path,
-                precondition.uid.as_deref(),
-                precondition.resource_version.as_deref(),
-            )
-            .await?
-            .ok_or_else(|| DatastoreError::NotFound(kind.describe(namespace, name)))
+        let (scope, segment_name) = (Self::scope(kind, namespace)?, segment(name)?);
+        self.in_group(|group| {
+            let path = crd::path(kind, group, scope, segment_name);
+            let what = &what;
+            async move {
+                self.client
+                    .delete_json(
+                        what,
+                        &path,
+                        precondition.uid.as_deref(),
+                        precondition.resource_version.as_deref(),
+                    )
+                    .await
+            }
+        })
+        .await?
+        .ok_or_else(|| DatastoreError::NotFound(kind.describe(namespace, name)))
     }
 
     fn until(&self, deadline: tokio::time::Instant) -> Option<std::sync::Arc<dyn Store>> {
         Some(std::sync::Arc::new(KubernetesStore {
             client: self.client.until(deadline),
             interface_prefix: self.interface_prefix.clone(),
+            group: Arc::clone(&self.group),
+            discovered: Arc::clone(&self.discovered),
         }))
     }
 
