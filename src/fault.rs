@@ -9,7 +9,11 @@
 //! `addresses` (container routes and addresses set), `host-routes`,
 //! `endpoint` (the record written). DEL steps: `del-netns` (the pod's
 //! interface gone), `del-ipam` (addresses released), `del-endpoint` (the
-//! record removed).
+//! record removed). `calico-ipam -upgrade`: `upgrade-not-ready` (the
+//! cluster's CNI held off, the binaries removed), `ipam-assign-block` (an
+//! explicit address written to its block, its handle not yet),
+//! `upgrade-assigned` (an address migrated, its file not yet removed),
+//! `upgrade-ready` (the CNI let back in, the directory not yet removed).
 
 #[cfg(feature = "fault-injection")]
 pub fn kill_point(step: &str) {

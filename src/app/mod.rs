@@ -205,10 +205,7 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
         return test_connection(stdin, &vars);
     }
     if flags.upgrade {
-        let e = Error::UnsupportedField(
-            "calico-ipam -upgrade (the host-local to calico-ipam migration) is not supported by this build".into(),
-        );
-        return Exit::error(&e, version::CURRENT);
+        return crate::cli::ipam_upgrade::run(&vars).into();
     }
 
     let env = match CniEnv::from_vars(vars) {

@@ -12,6 +12,7 @@ pub mod ipam_check;
 pub mod ipam_inventory;
 pub mod ipam_release;
 pub mod ipam_show;
+pub mod ipam_upgrade;
 pub mod netconf;
 pub mod pool;
 pub mod queue;
@@ -157,7 +158,7 @@ impl Outcome {
     }
 
     /// One line on stderr, exit 1.
-    fn failed(what: &str, message: &str) -> Outcome {
+    pub(crate) fn failed(what: &str, message: &str) -> Outcome {
         let line: Vec<&str> = message
             .lines()
             .map(str::trim)

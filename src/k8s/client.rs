@@ -647,6 +647,40 @@ impl K8sClient {
             .await
     }
 
+    /// Every pod bound to `node`, in all namespaces.
+    pub async fn pods_on_node(&self, node: &str) -> Result<Vec<Pod>, K8sError> {
+        let path = format!(
+            "/api/v1/pods?fieldSelector={}",
+            query_escape(&format!("spec.nodeName={node}"))
+        );
+        let what = format!("error listing the pods of node {node}");
+        let list: Option<Value> = self
+            .call(&what, Self::request(http::Method::GET, &path, None, None))
+            .await?;
+        let items = list
+            .and_then(|mut l| l.get_mut("items").map(Value::take))
+            .unwrap_or(Value::Array(Vec::new()));
+        serde_json::from_value(items).map_err(|e| K8sError::Api(format!("{what}: {e}")))
+    }
+
+    /// Merge PATCH of a node's annotations; `Ok(None)` when it does not exist.
+    pub async fn annotate_node(
+        &self,
+        name: &str,
+        annotations: &serde_json::Map<String, Value>,
+    ) -> Result<Option<Node>, K8sError> {
+        let path = format!("/api/v1/nodes/{}", segment(name)?);
+        let what = format!("error annotating node {name}");
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+        let request = Self::request(
+            http::Method::PATCH,
+            &path,
+            Some("application/merge-patch+json"),
+            Some(&patch),
+        );
+        self.call(&what, request).await
+    }
+
     /// Strategic-merge PATCH of a pod's `status` subresource; `Ok(None)`
     /// when the pod does not exist. A 409 (a failed resourceVersion or uid
     /// precondition) is [`K8sError::Conflict`].

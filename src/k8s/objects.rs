@@ -18,6 +18,17 @@ pub struct ObjectMeta {
     pub labels: Option<BTreeMap<String, String>>,
     pub annotations: Option<BTreeMap<String, String>>,
     pub deletion_timestamp: Option<String>,
+    pub owner_references: Option<Vec<OwnerReference>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OwnerReference {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+    pub controller: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -60,6 +71,8 @@ pub struct ContainerPort {
 #[serde(rename_all = "camelCase", default)]
 pub struct PodStatus {
     pub phase: Option<String>,
+    #[serde(rename = "podIP")]
+    pub pod_ip: Option<String>,
     #[serde(rename = "podIPs")]
     pub pod_ips: Option<Vec<PodIp>>,
 }

@@ -800,6 +800,7 @@ impl<'a> Allocator<'a> {
                 Err(DatastoreError::Conflict(_)) => continue,
                 Err(e) => return Err(ds(what)(e)),
             }
+            crate::fault::kill_point("ipam-assign-block");
             if let Err(e) = self.increment_handle(handle, &cidr, 1).await {
                 self.undo(handle, &[ip]).await;
                 return Err(e);
@@ -807,6 +808,51 @@ impl<'a> Allocator<'a> {
             return Ok(with_prefix(ip, &cidr));
         }
         Err(contention(&what))
+    }
+
+    /// [`Self::reconcile_handle`] for the block `ip` falls in (none when no
+    /// pool holds it).
+    pub async fn reconcile_address(&self, ip: IpAddr, handle: &str) -> Result<bool, IpamError> {
+        let pools = self.pools().await?;
+        let Some(pool) = pools
+            .iter()
+            .find(|p| p.spec.network().is_some_and(|n| n.contains(&ip)))
+        else {
+            return Ok(false);
+        };
+        match IpNet::new(ip, pool.spec.effective_block_size()) {
+            Ok(cidr) => self.reconcile_handle(handle, &cidr.trunc()).await,
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Makes `handle`'s count for `cidr` what the block says it holds
+    /// there (a writer killed between an explicit address's block write
+    /// and its handle write leaves the handle short); whether it changed.
+    pub async fn reconcile_handle(&self, handle: &str, cidr: &IpNet) -> Result<bool, IpamError> {
+        let held = match self.get_block(cidr).await? {
+            Some(b) => block::addresses_of(&b.spec, cidr, handle).len(),
+            None => 0,
+        };
+        let name = handle_name_on(self.store.backend(), handle);
+        let what = format!("error updating IPAMHandle({name})");
+        let recorded = self
+            .live_handle(&name, &what)
+            .await?
+            .and_then(|h| h.spec.block.get(&cidr.to_string()).copied())
+            .unwrap_or(0);
+        match held.cmp(&recorded) {
+            std::cmp::Ordering::Equal => Ok(false),
+            std::cmp::Ordering::Greater => {
+                self.increment_handle(handle, cidr, held - recorded).await?;
+                Ok(true)
+            }
+            std::cmp::Ordering::Less => {
+                self.decrement_handle(handle, cidr, Some(recorded - held))
+                    .await?;
+                Ok(true)
+            }
+        }
     }
 
     /// Frees every address of `handle` and deletes it; the number freed,
