@@ -28,7 +28,8 @@
 #   and the peer URLs, and a client certificate calico-cni for the plugin;
 # - Calico's CRDs (testbed/crds.json: group crd.projectcalico.org, v1,
 #   cluster-scoped; testbed/crds-v3.json: the same as Calico v3.32's native
-#   projectcalico.org/v3 CRDs), the calico-cni-plugin ServiceAccount bound to the
+#   projectcalico.org/v3 CRDs; testbed/crds-kubevirt.json: KubeVirt's
+#   VirtualMachineInstance and VirtualMachine, what Calico reads of a VM), the calico-cni-plugin ServiceAccount bound to the
 #   calico-cni ClusterRole (testbed/rbac.json: the permissions Calico's
 #   calico-cni role grants), a CNI kubeconfig holding a token minted for it
 #   with the TokenRequest API, ClusterInformation `default` with
@@ -293,12 +294,12 @@ calico_objects() {
   local crd set
   # Both sets: crd.projectcalico.org/v1 (what the tests use by default) and
   # Calico v3.32's native projectcalico.org/v3 CRDs (calico_api_group).
-  for set in testbed/crds.json testbed/crds-v3.json; do
+  for set in testbed/crds.json testbed/crds-v3.json testbed/crds-kubevirt.json; do
     while read -r crd; do
       create /apis/apiextensions.k8s.io/v1/customresourcedefinitions "$crd"
     done < <(jq -c '.[]' "$set")
   done
-  for crd in $(jq -r '.[].metadata.name' testbed/crds.json testbed/crds-v3.json); do
+  for crd in $(jq -r '.[].metadata.name' testbed/crds.json testbed/crds-v3.json testbed/crds-kubevirt.json); do
     wait_for "CRD $crd" 30 crd_established "$crd"
   done
   local obj kind

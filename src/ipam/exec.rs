@@ -49,6 +49,7 @@ impl ExecIpam {
             host: self.setup.host.clone(),
             namespace_labels: None,
             deadline: self.plugin.deadline,
+            kube: None,
         }))
     }
 

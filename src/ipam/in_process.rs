@@ -50,6 +50,7 @@ impl InProcessIpam {
             host: self.setup.host.clone(),
             namespace_labels: self.setup.namespace_labels.get().cloned(),
             deadline: self.deadline,
+            kube: self.setup.kube.clone(),
         }
     }
 

@@ -111,6 +111,8 @@ pub struct Setup {
     pub namespaces: Option<Arc<dyn NamespaceLabels>>,
     /// The workload namespace's labels, once the caller has read them.
     pub namespace_labels: Arc<OnceLock<BTreeMap<String, String>>>,
+    /// The Kubernetes API for a virt-launcher pod's VM (Kubernetes pods).
+    pub kube: Option<calico::verbs::KubeAccess>,
 }
 
 /// The IPAM of `req` bounded by `deadline`: calico-ipam in this process

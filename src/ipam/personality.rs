@@ -6,7 +6,7 @@ use crate::cni::{CniResult, Command, Request, Result};
 use crate::datastore::open::open;
 use crate::k8s::K8sClient;
 
-use super::calico::verbs::{self, Call};
+use super::calico::verbs::{self, Call, KubeAccess};
 
 /// Answers one calico-ipam verb.
 pub async fn handle(req: Request) -> Result<Option<CniResult>> {
@@ -17,8 +17,11 @@ pub async fn handle(req: Request) -> Result<Option<CniResult>> {
         .get("FELIX_INTERFACEPREFIX")
         .filter(|p| !p.is_empty())
         .cloned();
+    let made = std::sync::OnceLock::new();
     let opened = open(&req.conf, &req.env.vars, req.deadline, prefix, || async {
-        Ok(K8sClient::new(&req.conf.k8s_config(), req.deadline).await?)
+        let client = K8sClient::new(&req.conf.k8s_config(), req.deadline).await?;
+        let _ = made.set(client.clone());
+        Ok(client)
     })
     .await?;
     let call = Call {
@@ -27,6 +30,11 @@ pub async fn handle(req: Request) -> Result<Option<CniResult>> {
         host,
         namespace_labels: None,
         deadline: req.deadline,
+        kube: req
+            .env
+            .args
+            .k8s_pod()
+            .map(|_| KubeAccess::new(req.conf.k8s_config(), made.get().cloned())),
     };
     match req.env.command {
         Command::Add => verbs::add(&call, &req).await.map(Some),

@@ -177,8 +177,17 @@ async fn create_endpoint(
     if !matches!(addresses, Addresses::Fixed(_)) {
         undo.ipam_release = Some(release_config);
     }
-    let (ipam_result, ips, outcome) =
-        do_networking(ctx, networking, allocate(ipam, addresses, pending)).await?;
+    // calico-ipam's auto-assignment answers a KubeVirt migration target
+    // with no routes: its host routes wait for the migration to complete.
+    let routes_from_ipam =
+        matches!(addresses, Addresses::Ipam(_)) && ipam.kind() == crate::ipam::CALICO_IPAM;
+    let (ipam_result, ips, outcome) = do_networking(
+        ctx,
+        networking,
+        allocate(ipam, addresses, pending),
+        routes_from_ipam,
+    )
+    .await?;
 
     // The endpoint record (a remote dataplane may have named the host
     // interface otherwise).
@@ -257,6 +266,7 @@ async fn do_networking(
     ctx: &Context,
     mut networking: Networking,
     addresses: impl std::future::Future<Output = Result<CniResult>>,
+    routes_from_ipam: bool,
 ) -> Result<(CniResult, Vec<IpNet>, crate::dataplane::NetworkingOutcome)> {
     let req = &ctx.req;
     let prepare = async {
@@ -297,6 +307,10 @@ async fn do_networking(
         networking.routes = container_routes_for(std::mem::take(&mut networking.routes), &ips);
     }
     networking.ips = ips.clone();
+    if routes_from_ipam && ipam_result.routes.is_empty() {
+        tracing::info!("Skipping host-side route setup (skipHostSideRoutes=true)");
+        networking.skip_host_routes = true;
+    }
     let outcome = tokio::time::timeout(
         req.remaining(),
         ctx.dataplane().finish(&prepared, &networking),

@@ -226,11 +226,18 @@ impl Context {
                 } else {
                     self.datastore.get().and_then(|d| d.namespaces.clone())
                 };
+                let kube = self.req.env.args.k8s_pod().map(|_| {
+                    crate::ipam::calico::verbs::KubeAccess::new(
+                        self.req.conf.k8s_config(),
+                        self.client.get().cloned(),
+                    )
+                });
                 let setup = crate::ipam::Setup {
                     host: self.node.clone(),
                     store: Arc::clone(&self.store),
                     namespaces,
                     namespace_labels: Arc::clone(&self.namespace_labels),
+                    kube,
                 };
                 crate::ipam::open(&self.req, setup, self.deadline())
             })

@@ -813,16 +813,9 @@ impl<'a> Allocator<'a> {
     /// [`Self::reconcile_handle`] for the block `ip` falls in (none when no
     /// pool holds it).
     pub async fn reconcile_address(&self, ip: IpAddr, handle: &str) -> Result<bool, IpamError> {
-        let pools = self.pools().await?;
-        let Some(pool) = pools
-            .iter()
-            .find(|p| p.spec.network().is_some_and(|n| n.contains(&ip)))
-        else {
-            return Ok(false);
-        };
-        match IpNet::new(ip, pool.spec.effective_block_size()) {
-            Ok(cidr) => self.reconcile_handle(handle, &cidr.trunc()).await,
-            Err(_) => Ok(false),
+        match self.block_cidr_of(ip).await? {
+            Some(cidr) => self.reconcile_handle(handle, &cidr).await,
+            None => Ok(false),
         }
     }
 
@@ -1112,6 +1105,82 @@ impl<'a> Allocator<'a> {
             }
         }
         Ok(out)
+    }
+
+    /// The attributes `ip` is allocated with (`None`: not allocated).
+    pub async fn attributes_of(
+        &self,
+        ip: IpAddr,
+    ) -> Result<Option<crate::datastore::ipam_model::AllocationAttribute>, IpamError> {
+        let Some(cidr) = self.block_cidr_of(ip).await? else {
+            return Ok(None);
+        };
+        Ok(self
+            .get_block(&cidr)
+            .await?
+            .and_then(|b| block::attribute_of(&b.spec, &cidr, ip).cloned()))
+    }
+
+    /// Sets an owner slot of `ip` (held by `handle`) to `attrs` (empty:
+    /// cleared), compare-and-swap on the block; with `expected` (namespace,
+    /// pod), only while that slot still names that pod (Calico's
+    /// preconditions).
+    pub async fn set_owner(
+        &self,
+        ip: IpAddr,
+        handle: &str,
+        slot: block::OwnerSlot,
+        attrs: &BTreeMap<String, String>,
+        expected: Option<(&str, &str)>,
+    ) -> Result<(), IpamError> {
+        let cidr = self
+            .block_cidr_of(ip)
+            .await?
+            .ok_or_else(|| IpamError::Invalid(format!("{ip} is not in a configured pool")))?;
+        let what = format!("error updating IPAMBlock({})", cidr_name(&cidr));
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(mut blk) = self.get_block(&cidr).await? else {
+                return Err(IpamError::Invalid(format!("{ip} is not allocated")));
+            };
+            if let Some((namespace, pod)) = expected {
+                let current = block::attribute_of(&blk.spec, &cidr, ip)
+                    .map(|a| match slot {
+                        block::OwnerSlot::Active => a.secondary.clone(),
+                        block::OwnerSlot::Alternate => a.alternate.clone(),
+                    })
+                    .unwrap_or_default();
+                let found = |k: &str| current.get(k).map_or("", String::as_str);
+                if found(ATTR_POD) != pod || found(ATTR_NAMESPACE) != namespace {
+                    let name = match slot {
+                        block::OwnerSlot::Active => "ActiveOwnerAttrs",
+                        block::OwnerSlot::Alternate => "AlternateOwnerAttrs",
+                    };
+                    return Err(IpamError::Contention(format!(
+                        "cannot set {name}: expected pod={pod} namespace={namespace} but found pod={} namespace={}",
+                        found(ATTR_POD),
+                        found(ATTR_NAMESPACE)
+                    )));
+                }
+            }
+            block::set_owner(&mut blk.spec, &cidr, ip, handle, slot, attrs.clone())
+                .map_err(IpamError::Invalid)?;
+            match self.put_block(&mut blk).await {
+                Ok(_) => return Ok(()),
+                Err(DatastoreError::Conflict(_)) => continue,
+                Err(e) => return Err(ds(what)(e)),
+            }
+        }
+        Err(contention(&what))
+    }
+
+    /// The block `ip` belongs in, by the pool that holds it.
+    async fn block_cidr_of(&self, ip: IpAddr) -> Result<Option<IpNet>, IpamError> {
+        let pools = self.pools().await?;
+        Ok(pools
+            .iter()
+            .find(|p| p.spec.network().is_some_and(|n| n.contains(&ip)))
+            .and_then(|p| IpNet::new(ip, p.spec.effective_block_size()).ok())
+            .map(|c| c.trunc()))
     }
 
     /// The handles holding an address allocated to this host (by the

@@ -318,6 +318,56 @@ fn compact_attributes(block: &mut IpamBlockSpec) {
     }
 }
 
+/// Which owner of an address: Calico's ActiveOwnerAttrs (`secondary`) or
+/// AlternateOwnerAttrs (`alternate`, a KubeVirt migration target's pod).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerSlot {
+    Active,
+    Alternate,
+}
+
+/// The attribute entry of `ip`, if it is allocated (and not cooling).
+pub fn attribute_of<'b>(
+    block: &'b IpamBlockSpec,
+    cidr: &IpNet,
+    ip: IpAddr,
+) -> Option<&'b AllocationAttribute> {
+    let o = ordinal_of(cidr, ip)?;
+    if is_cooling(block, o) {
+        return None;
+    }
+    block
+        .attributes
+        .get(block.allocations.get(o).copied().flatten()?)
+}
+
+/// Sets one owner slot of `ip`, which `handle` must hold, to `attrs` (empty:
+/// cleared). The address gets an attribute entry of its own (entries are
+/// shared by a handle's addresses in a block) and the unused ones go.
+pub fn set_owner(
+    block: &mut IpamBlockSpec,
+    cidr: &IpNet,
+    ip: IpAddr,
+    handle: &str,
+    slot: OwnerSlot,
+    attrs: BTreeMap<String, String>,
+) -> Result<(), String> {
+    let current = attribute_of(block, cidr, ip)
+        .filter(|a| a.handle_id.as_deref() == Some(handle))
+        .cloned()
+        .ok_or_else(|| format!("{ip} is not allocated to handle {handle}"))?;
+    let mut updated = current;
+    match slot {
+        OwnerSlot::Active => updated.secondary = attrs,
+        OwnerSlot::Alternate => updated.alternate = attrs,
+    }
+    let o = ordinal_of(cidr, ip).expect("allocated, so in the block");
+    block.attributes.push(updated);
+    block.allocations[o] = Some(block.attributes.len() - 1);
+    compact_attributes(block);
+    Ok(())
+}
+
 /// The addresses `handle` holds in the block.
 pub fn addresses_of(block: &IpamBlockSpec, cidr: &IpNet, handle: &str) -> Vec<IpAddr> {
     block

@@ -6,6 +6,7 @@
 
 pub mod allocator;
 pub mod block;
+pub mod kubevirt;
 pub mod lock;
 pub mod pools;
 pub mod selector;

@@ -13,6 +13,8 @@ use tokio::time::Instant;
 
 use super::IpamError;
 use super::allocator::{Allocator, AutoAssign};
+use super::block::OwnerSlot;
+use super::kubevirt::{self, VmiInfo};
 use super::lock;
 use super::pools::{SelectorLabels, automatic_pools, requested_pools};
 use crate::cni::result::{IpConfig, Route};
@@ -37,6 +39,34 @@ pub struct Call {
     pub namespace_labels: Option<BTreeMap<String, String>>,
     /// When this call must be done.
     pub deadline: Instant,
+    /// The Kubernetes API, for a virt-launcher pod's VM (`None`: no pod is
+    /// looked at).
+    pub kube: Option<KubeAccess>,
+}
+
+/// How calico-ipam reaches the Kubernetes API for a pod's VM: the call's
+/// client when it has one, else one made (once) from the config.
+#[derive(Clone)]
+pub struct KubeAccess {
+    config: crate::k8s::K8sConfig,
+    client: Arc<tokio::sync::OnceCell<crate::k8s::K8sClient>>,
+}
+
+impl KubeAccess {
+    pub fn new(config: crate::k8s::K8sConfig, client: Option<crate::k8s::K8sClient>) -> KubeAccess {
+        KubeAccess {
+            config,
+            client: Arc::new(tokio::sync::OnceCell::new_with(client)),
+        }
+    }
+
+    async fn client(&self, deadline: Instant) -> Result<&crate::k8s::K8sClient> {
+        self.client
+            .get_or_try_init(|| async {
+                Ok::<_, Error>(crate::k8s::K8sClient::new(&self.config, deadline).await?)
+            })
+            .await
+    }
 }
 
 /// The handle of an allocation: `<network name>.<container ID>`.
@@ -139,12 +169,39 @@ fn upgrade_marker(lock_file: &Path) -> PathBuf {
         .join("ipam_upgraded")
 }
 
-/// ADD: an explicit address (`IP=`, given back as /32 or /128) or
-/// auto-assignment (each address with its block's prefix); one route per
-/// address.
-pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
-    check_identifiers(req, &call.host)?;
-    let handle = handle_id(req);
+/// The VM behind the request's pod, when it is a virt-launcher pod (by its
+/// name first: no other pod costs a request) and the call can ask the API
+/// server; `for_delete`: a VMI already gone is no error, nor a pod gone.
+async fn vm_of(call: &Call, req: &Request, for_delete: bool) -> Result<Option<VmiInfo>> {
+    let (Some(kube), Some((namespace, pod))) = (&call.kube, req.env.args.k8s_pod()) else {
+        return Ok(None);
+    };
+    if !pod.starts_with(kubevirt::LAUNCHER_PREFIX) {
+        return Ok(None);
+    }
+    let failed = |e: &dyn std::fmt::Display| Error::ipam(format!("failed to get VMI info: {e}"));
+    let client = kube.client(call.deadline).await?;
+    let Some(found) = client
+        .pod_once(namespace, pod)
+        .await
+        .map_err(|e| failed(&e))?
+    else {
+        if for_delete {
+            return Ok(None);
+        }
+        return Err(failed(&format!("pods {pod:?} not found")));
+    };
+    let info = if for_delete {
+        kubevirt::lookup_for_delete(client, &found).await
+    } else {
+        kubevirt::lookup(client, &found).await
+    };
+    info.map_err(|e| failed(&e))
+}
+
+/// The allocation attributes of the request: node, timestamp, the pod's
+/// namespace and name, and a VM's.
+fn attributes(call: &Call, req: &Request, vm: Option<&VmiInfo>) -> BTreeMap<String, String> {
     let mut attrs = BTreeMap::from([
         (ATTR_NODE.to_string(), call.host.clone()),
         (ATTR_TIMESTAMP.to_string(), go_time_utc(SystemTime::now())),
@@ -153,10 +210,73 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
         attrs.insert(ATTR_NAMESPACE.into(), ns.to_string());
         attrs.insert(ATTR_POD.into(), pod.to_string());
     }
+    if let Some(vm) = vm {
+        attrs.insert(kubevirt::ATTR_VMI_NAME.into(), vm.name.clone());
+        attrs.insert(kubevirt::ATTR_VMI_UID.into(), vm.vmi_uid.clone());
+        if let Some(uid) = &vm.vm_uid {
+            attrs.insert(kubevirt::ATTR_VM_UID.into(), uid.clone());
+        }
+        if let Some(uid) = &vm.migration_uid {
+            attrs.insert(kubevirt::ATTR_VMIM_UID.into(), uid.clone());
+        }
+    }
+    attrs
+}
+
+/// ADD: an explicit address (`IP=`, given back as /32 or /128) or
+/// auto-assignment (each address with its block's prefix); one route per
+/// address. A KubeVirt VM's pod (VM address persistence on, the default)
+/// is allocated under the VM's handle: a VM's later pod takes the VM's
+/// addresses as their active owner (a restart) or, a live migration's
+/// target, as their alternate owner, with no routes (its node programs no
+/// host route until the migration completes); a target whose VM has no
+/// address is refused.
+pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
+    check_identifiers(req, &call.host)?;
     let allocator = Allocator::new(call.store.as_ref(), &call.host);
+    let mut vm = vm_of(call, req, false).await?;
+    if vm.is_some() && !allocator.config().await?.kubevirt_persistence() {
+        if vm.as_ref().is_some_and(VmiInfo::is_migration_target) {
+            return Err(Error::ipam(
+                "live migration target pod is not allowed when KubeVirtVMAddressPersistence is disabled",
+            ));
+        }
+        vm = None;
+    }
+    let handle = match &vm {
+        Some(vm) => kubevirt::handle_id(&req.conf.name, &vm.namespace, &vm.name),
+        None => handle_id(req),
+    };
+    let attrs = attributes(call, req, vm.as_ref());
     let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
     let work = async {
         let _lock = lock::acquire(&lock_file, call.deadline).await;
+        if let Some(vm) = &vm {
+            let held = allocator.addresses_of(&handle).await?;
+            if held.is_empty() && vm.is_migration_target() {
+                return Err(IpamError::Invalid(format!(
+                    "migration target pod but no IP allocated to VMI handle {handle}"
+                )));
+            }
+            if !held.is_empty() {
+                let slot = if vm.is_migration_target() {
+                    OwnerSlot::Alternate
+                } else {
+                    OwnerSlot::Active
+                };
+                for &ip in &held {
+                    allocator.set_owner(ip, &handle, slot, &attrs, None).await?;
+                }
+                tracing::info!(%handle, ?held, ?slot, "the VM's addresses, reused");
+                let ips: Vec<IpNet> = held.into_iter().map(IpNet::from).collect();
+                let mut result = result_for(&ips);
+                if vm.is_migration_target() {
+                    // No routes: the plugin programs no host route.
+                    result.routes.clear();
+                }
+                return Ok(result);
+            }
+        }
         if let Some(ip) = req.env.args.ip {
             let marker = upgrade_marker(&lock_file);
             if !marker.exists() {
@@ -171,7 +291,7 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
                 }
             }
             let ip = allocator.assign_ip(ip, &handle, &attrs).await?;
-            return Ok::<_, IpamError>(vec![IpNet::from(ip.addr())]);
+            return Ok::<_, IpamError>(result_for(&[IpNet::from(ip.addr())]));
         }
         let ipam = &req.conf.ipam;
         let num4 = usize::from(ipam.assign_ipv4.as_deref() != Some("false"));
@@ -189,13 +309,14 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
                 labels: &labels,
             })
             .await?;
-        Ok(assigned.v4.into_iter().chain(assigned.v6).collect())
+        let ips: Vec<IpNet> = assigned.v4.into_iter().chain(assigned.v6).collect();
+        Ok(result_for(&ips))
     };
-    let ips = tokio::time::timeout_at(call.deadline, work)
+    let result = tokio::time::timeout_at(call.deadline, work)
         .await
         .map_err(|_| timed_out("the address assignment"))??;
-    tracing::info!(%handle, ?ips, "calico-ipam assigned");
-    Ok(result_for(&ips))
+    tracing::info!(%handle, ips = ?result.ips, "calico-ipam assigned");
+    Ok(result)
 }
 
 /// Calico's IPAM result: the addresses with their block prefix (an
@@ -218,13 +339,57 @@ fn result_for(ips: &[IpNet]) -> CniResult {
 }
 
 /// DEL: releases `<name>.<container ID>` and the pre-v3 handle; handles
-/// that do not exist are fine.
+/// that do not exist are fine. A KubeVirt VM's pod gives up its owner slot
+/// of the VM's addresses (only while the slot still names it); they are
+/// released only when no pod owns them any more and the VM (or a VMI
+/// without one) is being deleted.
 pub async fn del(call: &Call, req: &Request) -> Result<()> {
     check_identifiers(req, &call.host)?;
     let allocator = Allocator::new(call.store.as_ref(), &call.host);
+    let mut vm = vm_of(call, req, true).await?;
+    if vm.is_some() && !allocator.config().await?.kubevirt_persistence() {
+        vm = None;
+    }
     let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
     let work = async {
         let _lock = lock::acquire(&lock_file, call.deadline).await;
+        if let (Some(vm), Some((namespace, pod))) = (&vm, req.env.args.k8s_pod()) {
+            let handle = kubevirt::handle_id(&req.conf.name, &vm.namespace, &vm.name);
+            let held = allocator.addresses_of(&handle).await?;
+            let mut owned = false;
+            for &ip in &held {
+                let Some(attr) = allocator.attributes_of(ip).await? else {
+                    continue;
+                };
+                let names = |m: &BTreeMap<String, String>| {
+                    m.get(ATTR_POD).map(String::as_str) == Some(pod)
+                        && m.get(ATTR_NAMESPACE).map(String::as_str) == Some(namespace)
+                };
+                let slot = if names(&attr.secondary) {
+                    Some(OwnerSlot::Active)
+                } else if names(&attr.alternate) {
+                    Some(OwnerSlot::Alternate)
+                } else {
+                    None
+                };
+                if let Some(slot) = slot {
+                    allocator
+                        .set_owner(ip, &handle, slot, &BTreeMap::new(), Some((namespace, pod)))
+                        .await?;
+                    tracing::info!(%ip, ?slot, "the pod no longer owns its VM's address");
+                }
+                let attr = allocator.attributes_of(ip).await?.unwrap_or_default();
+                owned |= !attr.secondary.is_empty() || !attr.alternate.is_empty();
+            }
+            if vm.is_going_away() && !owned {
+                if let Some(n) = allocator.release_by_handle(&handle).await? {
+                    tracing::info!(%handle, released = n, "the VM is going: its addresses released");
+                }
+            } else {
+                tracing::info!(%handle, owned, going = vm.is_going_away(), "the VM keeps its addresses");
+            }
+            return Ok(());
+        }
         for handle in [handle_id(req), workload_handle(req)] {
             if let Some(n) = allocator.release_by_handle(&handle).await? {
                 tracing::info!(%handle, released = n, "calico-ipam released");
@@ -296,7 +461,8 @@ pub async fn gc(call: &Call, req: &Request) -> Result<()> {
         let mut errors = Vec::new();
         for handle in handles {
             let cid = &handle[prefix.len()..];
-            if keep.contains(cid) {
+            // A VM's handle is no container's: its pods' DELs decide.
+            if keep.contains(cid) || cid.starts_with(kubevirt::HANDLE_INFIX) {
                 continue;
             }
             match allocator.release_by_handle(&handle).await {
@@ -332,6 +498,7 @@ pub async fn owners(call: &Call, network: &str) -> Result<Vec<Owner>> {
     .map_err(|_| timed_out("reading this node's allocations"))??;
     Ok(handles
         .into_iter()
+        .filter(|(handle, _)| !handle[prefix.len()..].starts_with(kubevirt::HANDLE_INFIX))
         .map(|(handle, pod)| Owner {
             container_id: handle[prefix.len()..].to_string(),
             pod,
