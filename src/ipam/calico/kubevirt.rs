@@ -276,10 +276,15 @@ mod tests {
             handle_id("multus-net1", "default", "vm1"),
             "multus-net1.vmi.default.vm1"
         );
+        // Too long: `_` and the hash (all 43 characters of it: Calico cuts
+        // it to what is left of 128, and its slice would panic past them).
         let long = "v".repeat(200);
         let id = handle_id("net", "ns", &long);
-        assert_eq!(id.len(), 128);
-        assert!(id.starts_with("net.vmi._"), "{id}");
+        // (SHA-256 of "ns." and 200 v's, by Python's hashlib.)
+        assert_eq!(id, "net.vmi._aZoeDBSelg5XUpHl_gilT4av1Z6qrvsOEdvNcoW_XpY");
+        let network = "n".repeat(100);
+        let id = handle_id(&network, "ns", &long);
+        assert_eq!(id.len(), 128, "{id}");
         // Exactly 128 characters: kept, unless the suffix starts with `_`.
         let fits = "x".repeat(128 - "net.vmi.ns.".len());
         assert_eq!(handle_id("net", "ns", &fits).len(), 128);
