@@ -84,7 +84,7 @@ fn seeds_get_the_plugins_answers() {
             "more than one IPv4 address",
         ),
         ("selector", "unterminated", "unterminated string"),
-        ("kubeconfig", "exec-rejected.yaml", "exec and auth-provider"),
+        ("kubeconfig", "exec-rejected.yaml", "not run by the fuzzer"),
         ("kubeconfig", "no-context.yaml", "no context"),
         ("kubeconfig", "token-file.yaml", "failed to read tokenFile"),
     ];

@@ -297,3 +297,75 @@ fn status_patch_merges_annotations_and_reports_conflicts() {
         "10.0.0.5/32"
     );
 }
+
+/// Kubeconfig credentials from an exec credential plugin (client-go's
+/// ExecCredential protocol: EKS's `aws eks get-token`, GKE's
+/// gke-gcloud-auth-plugin) and from the oidc auth provider's id-token, as
+/// kube supports them: a script of the test's prints the CNI's token as an
+/// ExecCredential (and records that it ran, and what it was told); the
+/// pod is read with it. A plugin that fails, and an auth provider kube has
+/// not (azure's, removed from client-go too), fail with what went wrong.
+#[test]
+fn exec_and_auth_provider_credentials() {
+    let Some((bed, ns)) = bed_with_pod("exec_and_auth_provider_credentials") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let plugin = dir.path().join("credential-plugin");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\nprintf '%s' \"$KUBERNETES_EXEC_INFO\" > {ran}\n\
+             printf '%s' '{{\"apiVersion\": \"client.authentication.k8s.io/v1\", \"kind\": \"ExecCredential\", \"status\": {{\"token\": \"{token}\"}}}}'\n",
+            ran = ran.display(),
+            token = bed.cni_token()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exec = token_kubeconfig(
+        bed,
+        dir.path(),
+        json!({"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                        "command": plugin, "args": ["get-token"], "interactiveMode": "Never"}}),
+    );
+    assert!(
+        get_pod(&exec, &ns.name, soon()).unwrap(),
+        "read with the plugin's token"
+    );
+    let info: Value = serde_json::from_slice(&std::fs::read(&ran).unwrap()).unwrap();
+    assert_eq!(info["kind"], "ExecCredential", "{info}");
+
+    let oidc = bed.kubeconfig(
+        dir.path(),
+        "oidc",
+        bed.api(),
+        json!({"auth-provider": {"name": "oidc",
+            "config": {"id-token": bed.cni_token(), "idp-issuer-url": "https://issuer.invalid"}}}),
+    );
+    assert!(
+        get_pod(&oidc, &ns.name, soon()).unwrap(),
+        "read with the id-token"
+    );
+
+    std::fs::write(
+        &plugin,
+        "#!/bin/sh\necho 'no credentials today' >&2\nexit 3\n",
+    )
+    .unwrap();
+    let failed = get_pod(&exec, &ns.name, soon()).unwrap_err().to_string();
+    assert!(failed.contains("getting credentials"), "{failed}");
+    let azure = bed.kubeconfig(
+        dir.path(),
+        "azure",
+        bed.api(),
+        json!({"auth-provider": {"name": "azure", "config": {}}}),
+    );
+    let refused = get_pod(&azure, &ns.name, soon()).unwrap_err().to_string();
+    assert!(
+        refused.contains("azure auth plugin is not supported"),
+        "{refused}"
+    );
+}

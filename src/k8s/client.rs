@@ -199,11 +199,16 @@ const USER_AGENT: &str = concat!(
 );
 
 /// The HTTP client: rustls (the kubeconfig's CA and client certificate),
-/// the API server's base URI, and the bearer token on every request. It is
-/// put together here rather than with kube's own builder, whose auth layer
-/// links exec and auth-provider support (JSONPath, regex: half a megabyte)
-/// that a CNI plugin's kubeconfig never uses.
-fn build_client(config: &kube::Config, token: Option<&str>) -> Result<kube::Client, K8sError> {
+/// the API server's base URI, and the bearer token on every request (or
+/// kube's auth layer: an exec credential plugin's token, refreshed when it
+/// expires, or an auth provider's; it links JSONPath and regex, about half
+/// a megabyte, for kube's gcp provider). Put together here rather than with
+/// kube's own builder, to add the token and the user agent as Calico does.
+fn build_client(
+    config: &kube::Config,
+    token: Option<&str>,
+    auth: Option<kube::client::middleware::AuthLayer>,
+) -> Result<kube::Client, K8sError> {
     use kube::client::ConfigExt;
     let https = config.rustls_https_connector().map_err(|e| {
         K8sError::Config(format!("failed to set up TLS for the Kubernetes API: {e}"))
@@ -224,6 +229,7 @@ fn build_client(config: &kube::Config, token: Option<&str>) -> Result<kube::Clie
     let user_agent = http::HeaderValue::from_static(USER_AGENT);
     let service = tower::ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        .option_layer(auth)
         .map_request(move |mut request: http::Request<kube::client::Body>| {
             if let Some(value) = &authorization {
                 request
@@ -235,6 +241,7 @@ fn build_client(config: &kube::Config, token: Option<&str>) -> Result<kube::Clie
                 .insert(http::header::USER_AGENT, user_agent.clone());
             request
         })
+        .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
         .service(http);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
@@ -335,10 +342,21 @@ impl K8sClient {
                 credentials.token = Some(token.trim().to_string());
                 credentials.token_source = format!("tokenFile {file} of {kubeconfig_name}");
             }
-            if info.exec.is_some() || info.auth_provider.is_some() {
-                return Err(K8sError::Config(format!(
-                    "kubeconfig {kubeconfig_name}: exec and auth-provider credentials are not supported; use a token, a tokenFile or client certificates"
-                )));
+            if credentials.token.is_none() {
+                // A credential plugin's token (exec) or an auth provider's
+                // (oidc's id-token): kube's auth layer below gets it.
+                if let Some(exec) = &info.exec {
+                    credentials.token_source = format!(
+                        "the exec credential plugin {:?} of {kubeconfig_name}",
+                        exec.command.as_deref().unwrap_or_default()
+                    );
+                } else if let Some(provider) = &info.auth_provider {
+                    credentials.token_source =
+                        format!("the {:?} auth provider of {kubeconfig_name}", provider.name);
+                }
+            } else {
+                info.exec = None;
+                info.auth_provider = None;
             }
             // The bearer token is added per request below.
             info.token = None;
@@ -355,7 +373,22 @@ impl K8sClient {
         let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .map_err(|e| K8sError::Config(format!("invalid kubeconfig {kubeconfig_name}: {e}")))?;
-        let client = build_client(&config, credentials.token.as_deref())?;
+        // An exec plugin runs now (a process: off the runtime's thread).
+        let auth = {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || {
+                use kube::client::ConfigExt;
+                config.auth_layer()
+            })
+            .await
+            .map_err(|e| K8sError::Config(format!("the credential plugin stopped: {e}")))?
+            .map_err(|e| {
+                K8sError::Unauthorized(format!(
+                    "kubeconfig {kubeconfig_name}: getting credentials: {e}"
+                ))
+            })?
+        };
+        let client = build_client(&config, credentials.token.as_deref(), auth)?;
         Ok(K8sClient {
             client,
             credentials,
