@@ -111,6 +111,7 @@ async fn open(backend: &str, admin: bool) -> Result<Arc<dyn Store>, Failure> {
                 cert_file: Some(var("TESTBED_CALICO_ETCD_CERT")?.into()),
                 key_file: Some(var("TESTBED_CALICO_ETCD_KEY")?.into()),
                 credentials: None,
+                discovery_srv: None,
             };
             Arc::new(EtcdStore::new(EtcdClient::new(&conf, deadline())?))
         }

@@ -504,3 +504,177 @@ fn etcd_users_authenticate_with_a_password() {
     );
     assert_nothing_on_the_host(&ns, &cid);
 }
+
+/// A DNS server of the test's on a loopback address of its own, answering
+/// the SRV queries for `_etcd-client-ssl._tcp.<domain>` with one record
+/// (target `localhost`, `port`) and everything else with NXDOMAIN; it
+/// counts what it was asked.
+struct SrvServer {
+    address: std::net::Ipv4Addr,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SrvServer {
+    fn start(domain: &str, port: u16) -> SrvServer {
+        let address = std::net::Ipv4Addr::new(
+            127,
+            53,
+            (std::process::id() % 250) as u8,
+            1 + (port % 250) as u8,
+        );
+        let socket =
+            std::net::UdpSocket::bind((address, 53)).expect("port 53 on a loopback address");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let wanted = format!("_etcd-client-ssl._tcp.{domain}");
+        let (log, done) = (asked.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                    continue;
+                };
+                let query = &buf[..n];
+                // The question's name: labels from byte 12.
+                let (mut at, mut labels) = (12, Vec::new());
+                while query[at] != 0 {
+                    let len = query[at] as usize;
+                    labels.push(String::from_utf8_lossy(&query[at + 1..at + 1 + len]).into_owned());
+                    at += 1 + len;
+                }
+                let question_end = at + 5;
+                let name = labels.join(".");
+                log.lock().unwrap().push(name.clone());
+                let mut answer = query[..question_end].to_vec();
+                answer[2] = 0x85; // QR, AA, RD
+                if name == wanted {
+                    answer[3] = 0x80;
+                    answer[6..8].copy_from_slice(&[0, 1]);
+                    answer.extend_from_slice(&[0xc0, 12, 0, 33, 0, 1, 0, 0, 0, 30]);
+                    let target = b"\x09localhost\x00";
+                    answer.extend_from_slice(&((6 + target.len()) as u16).to_be_bytes());
+                    answer.extend_from_slice(&[0, 0, 0, 10]);
+                    answer.extend_from_slice(&port.to_be_bytes());
+                    answer.extend_from_slice(target);
+                } else {
+                    answer[3] = 0x83; // NXDOMAIN
+                }
+                let _ = socket.send_to(&answer, from);
+            }
+        });
+        SrvServer {
+            address,
+            asked,
+            stop,
+        }
+    }
+}
+
+impl Drop for SrvServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `etcd_discovery_srv`: the members from DNS SRV records, as etcd's client
+/// finds them for Calico, asked of the name server of /etc/resolv.conf —
+/// here one of the test's on loopback, seen through a resolv.conf mounted
+/// over the host's in a mount namespace of the plugin's own. ADD and DEL
+/// work on the member it names; a domain without records and one given
+/// beside etcd_endpoints are refused with Calico's words.
+#[test]
+fn members_from_dns_srv_records() {
+    let test = "members_from_dns_srv_records";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(cluster) = PrivateCluster::start(test, 1) else {
+        return;
+    };
+    let Some(w) = World::on_etcd(test, cluster.access()) else {
+        return;
+    };
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let port: u16 = cluster
+        .endpoint(0)
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let dns = SrvServer::start("calico.test", port);
+    let resolv = w.dir.path().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {}\n", dns.address)).unwrap();
+    let run = |verb: &str, cid: &str, conf: &Value| {
+        let env = env_of(&[
+            ("CNI_COMMAND", verb),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", "/var/run/netns/not-needed"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", &w.bin.display().to_string()),
+        ]);
+        let ipam = w.bin.join("calico-ipam").display().to_string();
+        let script = format!(
+            "mount --bind {} /etc/resolv.conf && exec {ipam}",
+            resolv.display()
+        );
+        common::exec_args(
+            "unshare",
+            &["--mount", "sh", "-c", &script],
+            &env,
+            &conf.to_string(),
+        )
+    };
+    let mut conf = w.conf();
+    conf.as_object_mut().unwrap().remove("etcd_endpoints");
+    conf["etcd_discovery_srv"] = json!("calico.test");
+
+    let cid = container_id();
+    let r = run("ADD", &cid, &conf).assert_ok().json();
+    let ip = address(&r, 0).addr();
+    assert!(
+        w.allocations().iter().any(|(a, _)| *a == ip),
+        "{:?}",
+        w.allocations()
+    );
+    let asked = dns.asked.lock().unwrap().clone();
+    assert!(
+        asked.contains(&"_etcd-client-ssl._tcp.calico.test".to_string()),
+        "{asked:?}"
+    );
+    assert!(
+        asked.contains(&"_etcd-client._tcp.calico.test".to_string()),
+        "{asked:?}"
+    );
+    run("DEL", &cid, &conf).assert_ok();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+
+    let mut nothing = conf.clone();
+    nothing["etcd_discovery_srv"] = json!("nothing.test");
+    let out = run("ADD", &container_id(), &nothing);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.json()["msg"]
+            .as_str()
+            .unwrap()
+            .contains("dns lookup errors"),
+        "{out:?}"
+    );
+
+    let mut both = conf.clone();
+    both["etcd_endpoints"] = json!(cluster.endpoint(0));
+    let out = run("ADD", &container_id(), &both);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.json()["msg"]
+            .as_str()
+            .unwrap()
+            .contains("multiple discovery or bootstrap options specified"),
+        "{out:?}"
+    );
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}

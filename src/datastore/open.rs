@@ -109,7 +109,12 @@ where
             })
         }
         Backend::Etcd => {
-            let client = EtcdClient::new(&etcd_config(conf, vars)?, deadline)
+            let created = async {
+                let config = etcd_config(conf, vars)?.resolved(deadline).await;
+                Ok::<_, Error>(config.and_then(|c| EtcdClient::new(&c, deadline)))
+            };
+            let client = created
+                .await?
                 .map_err(|e| Error::caused(Kind::Datastore, "error creating calico client", e))?;
             Ok(Opened::stored(Arc::new(EtcdStore::new(client))))
         }
@@ -133,11 +138,7 @@ fn setting(from_conf: &str, vars: &HashMap<String, String>, name: &str) -> Strin
 /// each falls back to the environment (`ETCD_ENDPOINTS`, ...) as in
 /// Calico.
 pub fn etcd_config(conf: &NetConf, vars: &HashMap<String, String>) -> Result<EtcdConfig> {
-    if !setting(&conf.etcd_discovery_srv, vars, "ETCD_DISCOVERY_SRV").is_empty() {
-        return Err(Error::UnsupportedField(
-            "etcd_discovery_srv (DNS SRV discovery) is not supported; list the members in etcd_endpoints".into(),
-        ));
-    }
+    let discovery = setting(&conf.etcd_discovery_srv, vars, "ETCD_DISCOVERY_SRV");
     let mut endpoints: Vec<String> = setting(&conf.etcd_endpoints, vars, "ETCD_ENDPOINTS")
         .split(',')
         .map(str::trim)
@@ -156,10 +157,18 @@ pub fn etcd_config(conf: &NetConf, vars: &HashMap<String, String>) -> Result<Etc
             endpoints.push(format!("{scheme}://{authority}"));
         }
     }
-    if endpoints.is_empty() {
-        return Err(Error::InvalidConfig(
-            "datastore_type is etcdv3 but no etcd_endpoints are configured".into(),
-        ));
+    match (endpoints.is_empty(), discovery.is_empty()) {
+        (false, false) => {
+            return Err(Error::InvalidConfig(
+                "multiple discovery or bootstrap options specified, use either \"etcd_endpoints\" or \"etcd_discovery_srv\"".into(),
+            ));
+        }
+        (true, true) => {
+            return Err(Error::InvalidConfig(
+                "datastore_type is etcdv3 but no etcd_endpoints are configured".into(),
+            ));
+        }
+        _ => {}
     }
     let file = |v: String| (!v.is_empty()).then(|| std::path::PathBuf::from(v));
     // The environment only (no config key), used when both are set.
@@ -171,6 +180,7 @@ pub fn etcd_config(conf: &NetConf, vars: &HashMap<String, String>) -> Result<Etc
         .then_some(Credentials { username, password });
     Ok(EtcdConfig {
         credentials,
+        discovery_srv: (!discovery.is_empty()).then_some(discovery),
         endpoints,
         ca_cert_file: file(setting(&conf.etcd_ca_cert_file, vars, "ETCD_CA_CERT_FILE")),
         cert_file: file(setting(&conf.etcd_cert_file, vars, "ETCD_CERT_FILE")),

@@ -14,6 +14,7 @@ mod endpoints;
 mod gateway;
 #[cfg(feature = "etcd-grpc")]
 mod grpc;
+pub mod srv;
 mod tls;
 
 /// The transport: the gateway, or the etcd-client crate with the
@@ -42,6 +43,19 @@ pub struct EtcdConfig {
     /// etcd's own users (`ETCD_USERNAME`, `ETCD_PASSWORD`): the client
     /// authenticates once and sends the token with every request.
     pub credentials: Option<Credentials>,
+    /// The DNS domain whose SRV records name the members
+    /// (`etcd_discovery_srv`), when `endpoints` are to be found there.
+    pub discovery_srv: Option<String>,
+}
+
+impl EtcdConfig {
+    /// The config with its members found, when DNS SRV records name them.
+    pub async fn resolved(mut self, deadline: Instant) -> Result<EtcdConfig, EtcdError> {
+        if let Some(domain) = self.discovery_srv.take() {
+            self.endpoints = srv::discover(&domain, deadline).await?;
+        }
+        Ok(self)
+    }
 }
 
 /// A user name and password for etcd's authentication; the password never

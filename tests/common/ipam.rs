@@ -121,6 +121,7 @@ impl Etcd {
             cert_file: Some(self.access.cert.clone()),
             key_file: Some(self.access.key.clone()),
             credentials: None,
+            discovery_srv: None,
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         calico_cni::datastore::etcd::EtcdStore::new(EtcdClient::new(&conf, deadline).unwrap())
