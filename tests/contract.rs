@@ -160,8 +160,13 @@ fn personalities_by_argv0() {
     assert_eq!(out.code, 0);
     assert!(out.stderr.contains("Calico CNI IPAM"), "{}", out.stderr);
 
+    // Another name: under a runtime (CNI_COMMAND), the config's choice
+    // (tests/calico_ipam.rs `another_name_under_a_runtime`); else refused.
     let (_d, other) = linked_as("not-calico");
     let out = exec(&other, &env_of(&[("CNI_COMMAND", "VERSION")]), "");
+    out.assert_ok();
+    assert!(out.json()["supportedVersions"].is_array());
+    let out = exec(&other, &env_of(&[]), "");
     assert_eq!(out.code, 1);
     assert!(
         out.stderr.contains("Unknown binary name: not-calico"),
