@@ -156,8 +156,8 @@ impl Inventory {
     /// Pods (not host-networked, not finished, scheduled) and nodes.
     async fn read_kubernetes(&mut self, client: &K8sClient) -> Result<(), String> {
         let (pods, nodes) = futures::future::try_join(
-            client.list_json("error listing pods", "/api/v1/pods", None),
-            client.list_json("error listing nodes", "/api/v1/nodes", None),
+            client.list_json("error listing pods", "/api/v1/pods", None, false),
+            client.list_json("error listing nodes", "/api/v1/nodes", None, false),
         )
         .await
         .map_err(|e| format!("reading pods and nodes: {e}"))?;

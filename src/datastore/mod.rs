@@ -263,6 +263,19 @@ pub trait Store: Send + Sync {
         filter: &ListFilter,
     ) -> Result<Vec<Value>, DatastoreError>;
 
+    /// As [`Store::list_objects`], certainly as of now: where lists may
+    /// be served from a cache a few milliseconds behind (the Kubernetes
+    /// API server's watch cache), this one is not. For an answer a stale
+    /// list could make wrong (no pool for a pool just made).
+    async fn list_objects_latest(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        filter: &ListFilter,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        self.list_objects(kind, namespace, filter).await
+    }
+
     /// Creates the object; `AlreadyExists` when one with its key exists.
     /// Returns it as stored (uid, creationTimestamp, resourceVersion set).
     async fn create_object(
@@ -352,6 +365,18 @@ impl dyn Store + '_ {
         filter: &ListFilter,
     ) -> Result<Vec<R>, DatastoreError> {
         self.list_objects(R::KIND, namespace, filter)
+            .await?
+            .into_iter()
+            .map(decode)
+            .collect()
+    }
+
+    pub async fn list_latest<R: Resource>(
+        &self,
+        namespace: &str,
+        filter: &ListFilter,
+    ) -> Result<Vec<R>, DatastoreError> {
+        self.list_objects_latest(R::KIND, namespace, filter)
             .await?
             .into_iter()
             .map(decode)

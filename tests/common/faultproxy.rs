@@ -151,6 +151,8 @@ impl Rule {
 struct State {
     rules: Vec<Rule>,
     requests: Vec<(String, String)>,
+    /// Body bytes forwarded: requests (to the upstream), answers (back).
+    bytes: (u64, u64),
 }
 
 impl State {
@@ -254,8 +256,15 @@ impl FaultProxy {
 
     /// Every request received so far, faulted ones included, as (method,
     /// path with query), in order of arrival.
+    #[allow(dead_code)]
     pub fn requests(&self) -> Vec<(String, String)> {
         lock(&self.state).requests.clone()
+    }
+
+    /// The body bytes forwarded so far: (requests, answers).
+    #[allow(dead_code)]
+    pub fn bytes(&self) -> (u64, u64) {
+        lock(&self.state).bytes
     }
 }
 
@@ -333,10 +342,10 @@ impl Upstream {
         }
     }
 
-    /// Sends `req` as it is, on a new connection; the answer's body streams.
+    /// Sends `req` as it is, on a new connection.
     async fn send(
         &self,
-        req: Request<Incoming>,
+        req: Request<Full<Bytes>>,
     ) -> Result<Response<Incoming>, Box<dyn Error + Send + Sync>> {
         let tcp = TcpStream::connect(&self.addr).await?;
         let tls = self.tls.connect(self.name.clone(), tcp).await?;
@@ -397,8 +406,27 @@ impl Forwarder {
                 return std::future::pending().await;
             }
         }
+        // Whole bodies, counted (requests and answers here are small).
+        let (parts, body) = req.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        lock(&self.state).bytes.0 += body.len() as u64;
+        let req = Request::from_parts(parts, Full::new(body));
         Ok(match self.upstream.send(req).await {
-            Ok(answer) => answer.map(Either::Left),
+            Ok(answer) => {
+                let (parts, body) = answer.into_parts();
+                match body.collect().await {
+                    Ok(body) => {
+                        let body = body.to_bytes();
+                        lock(&self.state).bytes.1 += body.len() as u64;
+                        Response::from_parts(parts, Either::Right(Full::new(body)))
+                    }
+                    Err(e) => status(502, &format!("the fault proxy's upstream: {e}")),
+                }
+            }
             Err(e) => status(502, &format!("the fault proxy's upstream: {e}")),
         })
     }

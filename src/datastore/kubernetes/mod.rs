@@ -301,6 +301,56 @@ impl KubernetesStore {
         })))
     }
 
+    /// A Calico CRD collection (`cached`: from the watch cache).
+    async fn list(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        filter: &ListFilter,
+        cached: bool,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        if kind.name == WorkloadEndpoint::KIND.name {
+            return Err(records_elsewhere());
+        }
+        if kind.name == Profile::KIND.name {
+            return Ok(Vec::new());
+        }
+        let selector = match filter.labels() {
+            Some(labels) => Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            _ => None,
+        };
+        let what = format!("error listing {}", kind.plural);
+        let scope = Self::scope(kind, namespace)?;
+        let listed = self
+            .in_group(|group| {
+                let path = crd::collection(kind, group, scope);
+                let (what, selector) = (&what, selector.as_deref());
+                async move { self.client.list_json(what, &path, selector, cached).await }
+            })
+            .await;
+        let items = match listed {
+            Ok(items) => items,
+            Err(K8sError::NotServed(_)) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let mut objects: Vec<Value> = items
+            .into_iter()
+            .map(|o| crd::from_crd(kind, o))
+            .filter(|o| match filter {
+                ListFilter::NamePrefix(p) => meta_field(o, "name").starts_with(p.as_str()),
+                _ => true,
+            })
+            .collect();
+        objects.sort_by(|a, b| meta_field(a, "name").cmp(meta_field(b, "name")));
+        Ok(objects)
+    }
+
     /// The namespace of a kind's API paths, checked: `""` when cluster-scoped.
     fn scope<'a>(kind: &Kind, namespace: &'a str) -> Result<&'a str, DatastoreError> {
         if kind.namespaced {
@@ -365,52 +415,26 @@ impl Store for KubernetesStore {
         }
     }
 
+    /// Served from the API server's watch cache (a few milliseconds
+    /// behind at most; an answer as of now costs 60-70 ms after any write):
+    /// every reader of a list re-reads what it acts on, and every write is
+    /// conditional (`list_objects_latest` where a stale list could mislead).
     async fn list_objects(
         &self,
         kind: &'static Kind,
         namespace: &str,
         filter: &ListFilter,
     ) -> Result<Vec<Value>, DatastoreError> {
-        if kind.name == WorkloadEndpoint::KIND.name {
-            return Err(records_elsewhere());
-        }
-        if kind.name == Profile::KIND.name {
-            return Ok(Vec::new());
-        }
-        let selector = match filter.labels() {
-            Some(labels) => Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
-            _ => None,
-        };
-        let what = format!("error listing {}", kind.plural);
-        let scope = Self::scope(kind, namespace)?;
-        let listed = self
-            .in_group(|group| {
-                let path = crd::collection(kind, group, scope);
-                let (what, selector) = (&what, selector.as_deref());
-                async move { self.client.list_json(what, &path, selector).await }
-            })
-            .await;
-        let items = match listed {
-            Ok(items) => items,
-            Err(K8sError::NotServed(_)) => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
-        let mut objects: Vec<Value> = items
-            .into_iter()
-            .map(|o| crd::from_crd(kind, o))
-            .filter(|o| match filter {
-                ListFilter::NamePrefix(p) => meta_field(o, "name").starts_with(p.as_str()),
-                _ => true,
-            })
-            .collect();
-        objects.sort_by(|a, b| meta_field(a, "name").cmp(meta_field(b, "name")));
-        Ok(objects)
+        self.list(kind, namespace, filter, true).await
+    }
+
+    async fn list_objects_latest(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        filter: &ListFilter,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        self.list(kind, namespace, filter, false).await
     }
 
     async fn create_object(

@@ -78,6 +78,9 @@ pub struct Allocator<'a> {
     finished: AtomicUsize,
     /// IPAMConfig, read once per allocator (one call).
     config: tokio::sync::OnceCell<IpamConfigSpec>,
+    /// Pools are read as of now (after a cached list left an assignment
+    /// without a pool).
+    latest_pools: std::sync::atomic::AtomicBool,
 }
 
 fn ds(what: impl Into<String>) -> impl FnOnce(DatastoreError) -> IpamError {
@@ -119,6 +122,7 @@ impl<'a> Allocator<'a> {
             host,
             finished: AtomicUsize::new(0),
             config: tokio::sync::OnceCell::new(),
+            latest_pools: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -169,10 +173,31 @@ impl<'a> Allocator<'a> {
     }
 
     pub async fn pools(&self) -> Result<Vec<IpPool>, IpamError> {
-        self.store
-            .list::<IpPool>("", &ListFilter::All)
-            .await
-            .map_err(ds("error listing IP pools"))
+        if self.latest_pools.load(Ordering::Relaxed) {
+            self.store.list_latest::<IpPool>("", &ListFilter::All).await
+        } else {
+            self.store.list::<IpPool>("", &ListFilter::All).await
+        }
+        .map_err(ds("error listing IP pools"))
+    }
+
+    /// Runs `attempt` again with the pools read as of now when it failed
+    /// for want of a pool or an address on a list a cache may have served
+    /// (a pool made a moment ago), once.
+    async fn with_latest_pools<T, F, Fut>(&self, attempt: F) -> Result<T, IpamError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, IpamError>>,
+    {
+        match attempt().await {
+            Err(IpamError::NoPools(_) | IpamError::Exhausted(_) | IpamError::Invalid(_))
+                if !self.latest_pools.swap(true, Ordering::Relaxed) =>
+            {
+                tracing::debug!("no pool or address on the listed pools: reading them as of now");
+                attempt().await
+            }
+            other => other,
+        }
     }
 
     async fn reservations(&self) -> Result<Vec<IpNet>, IpamError> {
@@ -371,6 +396,10 @@ impl<'a> Allocator<'a> {
     /// Auto-assigns per family; all or nothing: a family that falls short
     /// (or fails) releases what the other got.
     pub async fn auto_assign(&self, req: &AutoAssign<'_>) -> Result<Assigned, IpamError> {
+        self.with_latest_pools(|| self.auto_assign_once(req)).await
+    }
+
+    async fn auto_assign_once(&self, req: &AutoAssign<'_>) -> Result<Assigned, IpamError> {
         let (config, pools, reserved) =
             futures::future::try_join3(self.config(), self.pools(), self.reservations()).await?;
         let mut assigned = Assigned::default();
@@ -750,6 +779,16 @@ impl<'a> Allocator<'a> {
 
     /// Assigns exactly `ip` to `handle` (`IP=` and the ipAddrs annotation).
     pub async fn assign_ip(
+        &self,
+        ip: IpAddr,
+        handle: &str,
+        attrs: &BTreeMap<String, String>,
+    ) -> Result<IpNet, IpamError> {
+        self.with_latest_pools(|| self.assign_ip_once(ip, handle, attrs))
+            .await
+    }
+
+    async fn assign_ip_once(
         &self,
         ip: IpAddr,
         handle: &str,

@@ -25,6 +25,8 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+mod datastores;
+
 use calico_cni::dataplane::Networking;
 use calico_cni::dataplane::netlink::{Netlink, RtNetlink, VethSpec};
 use calico_cni::dataplane::netns::NetNs;
@@ -44,6 +46,9 @@ struct Options {
     concs: Vec<usize>,
     rounds: usize,
     smoke: bool,
+    /// The datastore rows against Calico's binary (`--datastores`; the
+    /// test bed's environment needed): pods per round and the burst size.
+    datastores: Option<(usize, usize)>,
 }
 
 fn options() -> Options {
@@ -52,6 +57,7 @@ fn options() -> Options {
         concs: vec![1, 8, 32],
         rounds: 1,
         smoke: false,
+        datastores: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -71,6 +77,14 @@ fn options() -> Options {
                 o.n = 10;
                 o.concs = vec![1, 8];
                 i -= 1;
+            }
+            "--datastores" => {
+                let v = val();
+                let (n, burst) = v.split_once(',').expect("--datastores N,BURST");
+                o.datastores = Some((
+                    n.parse().expect("--datastores N,BURST"),
+                    burst.parse().expect("--datastores N,BURST"),
+                ));
             }
             other => panic!("unknown argument {other}"),
         }
@@ -105,6 +119,8 @@ struct Sample {
     ok: bool,
     elapsed: Duration,
     max_rss_kib: i64,
+    /// User and system CPU time of the call and the children it waited for.
+    cpu: Duration,
     stdout: String,
 }
 
@@ -134,10 +150,12 @@ fn invoke(binary: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Sample {
     let elapsed = started.elapsed();
     let ok = pid > 0 && std::process::ExitStatus::from_raw(status).success();
     std::mem::forget(child); // already reaped
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     Sample {
         ok,
         elapsed,
         max_rss_kib: usage.ru_maxrss,
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
         stdout,
     }
 }
@@ -426,6 +444,7 @@ fn timed(ok: bool, started: Instant) -> Sample {
         ok,
         elapsed: started.elapsed(),
         max_rss_kib: 0,
+        cpu: Duration::ZERO,
         stdout: String::new(),
     }
 }
@@ -791,6 +810,10 @@ fn run() -> Result<(), Failure> {
         size as f64 / 1e6
     );
 
+    if let Some((n, burst)) = o.datastores {
+        bad |= datastore_rows(&o, work.path(), &calico_dir_of(&plugins[1]), n, burst)?;
+    }
+
     let mut problems = Vec::new();
     if bad {
         problems.push("failures or leaks (see above)".to_string());
@@ -814,4 +837,75 @@ fn run() -> Result<(), Failure> {
         println!("\nWARNING: {p}");
     }
     Ok(())
+}
+
+/// The directory of our `calico`.
+fn calico_dir_of(p: &Plugin) -> PathBuf {
+    p.binary
+        .parent()
+        .expect("the binary's directory")
+        .to_path_buf()
+}
+
+/// The datastore rows: ours and Calico v3.32.1's binaries alternating on
+/// the test bed's API server and etcd (examples/bench/datastores.rs).
+fn datastore_rows(
+    o: &Options,
+    work: &Path,
+    ours: &Path,
+    n: usize,
+    burst: usize,
+) -> Result<bool, Failure> {
+    use datastores::{Binary, Store, World};
+    let peers = std::env::var("PEERS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/var/cache/calico-cni-peers/bin"))
+        .join("calico-v3.32.1");
+    // Ours as an installer lays it out: calico and the calico-ipam link.
+    let bin = work.join("ours-bin");
+    std::fs::create_dir_all(&bin)?;
+    let _ = std::os::unix::fs::symlink(ours.join("calico"), bin.join("calico"));
+    let _ = std::os::unix::fs::symlink(ours.join("calico"), bin.join("calico-ipam"));
+    let binaries = [
+        Binary {
+            label: "ours",
+            calico: bin.join("calico"),
+            cni_path: format!("{}:{CNI_BIN}", bin.display()),
+        },
+        Binary {
+            label: "calico-v3.32.1",
+            calico: peers.join("calico"),
+            cni_path: format!("{}:{CNI_BIN}", peers.display()),
+        },
+    ];
+    if !binaries[1].calico.exists() {
+        return Err(format!(
+            "{} not found (scripts/peers.sh)",
+            binaries[1].calico.display()
+        )
+        .into());
+    }
+    let concs: Vec<usize> = if o.smoke { vec![1, 8] } else { vec![1, 8, 32] };
+    let mut figures = Vec::new();
+    for (store, cidr) in [
+        (Store::Kdd, "10.248.0.0/16"),
+        (Store::Etcd, "10.249.0.0/16"),
+    ] {
+        let world = World::new(store, work, n.max(burst).max(5), cidr)?;
+        for round in 0..o.rounds.max(1) {
+            // Alternating: neither binary always runs first.
+            let order: Vec<&Binary> = if round % 2 == 0 {
+                binaries.iter().collect()
+            } else {
+                binaries.iter().rev().collect()
+            };
+            for b in order {
+                let f = world.measure(b, b.label, n, &concs, burst)?;
+                figures.push((store, b.label, f));
+            }
+        }
+    }
+    let rows: Vec<(Store, &str, &datastores::Figures)> =
+        figures.iter().map(|(s, l, f)| (*s, *l, f)).collect();
+    Ok(datastores::report(&rows))
 }

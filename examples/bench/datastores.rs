@@ -1,0 +1,660 @@
+//! The datastore rows (issue 24): this plugin against Calico v3.32.1's own
+//! binaries (`calico` with its `calico-ipam`, from the peers build), both
+//! with calico-ipam, on the test bed's real kube-apiserver (Kubernetes pods
+//! created through the API, bound to a bench node) and on its etcd cluster
+//! (plain CNI containers), the two binaries alternating in one run: for
+//! each datastore and binary, sequential ADD and DEL (p50, p99), 8- and
+//! 32-way, a burst of B pods at once (the time until all are networked, the
+//! p99 of one ADD), CPU time per ADD and DEL (the call and the children it
+//! waited for: Calico's calico-ipam), peak RSS per call; then, through the
+//! fault proxy in pass-through, the API requests and body bytes per ADD
+//! and per DEL; failures and leaks (addresses left in the pool, host veths
+//! and routes) after every phase.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::{Failure, Sample, Stats, invoke, ms, percentile, phase, sh, stats};
+
+#[path = "../../tests/common/faultproxy.rs"]
+#[allow(dead_code)]
+mod faultproxy;
+
+/// Which datastore a row is on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Store {
+    Kdd,
+    Etcd,
+}
+
+impl Store {
+    fn label(self) -> &'static str {
+        match self {
+            Store::Kdd => "kubernetes",
+            Store::Etcd => "etcd",
+        }
+    }
+}
+
+/// One binary under test: its `calico` and the CNI_PATH holding its
+/// calico-ipam.
+pub struct Binary {
+    pub label: &'static str,
+    pub calico: PathBuf,
+    pub cni_path: String,
+}
+
+/// What a datastore round measured for one binary.
+#[derive(Default)]
+pub struct Figures {
+    pub add: BTreeMap<usize, Stats>,
+    pub del: BTreeMap<usize, Stats>,
+    pub burst_wall: Duration,
+    pub burst_add_p99: Duration,
+    pub cpu_add: Duration,
+    pub cpu_del: Duration,
+    pub rss_kib: i64,
+    pub requests_add: f64,
+    pub requests_del: f64,
+    pub bytes_add: f64,
+    pub bytes_del: f64,
+    pub failures: usize,
+    pub leaked: bool,
+}
+
+fn var(name: &str) -> Result<String, Failure> {
+    std::env::var(name).map_err(|_| {
+        format!("{name} is not set: eval \"$(bash scripts/testbed.sh env)\" (the test bed)").into()
+    })
+}
+
+/// One admin request to the test bed's API server.
+fn api(method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "30", "-X", method])
+        .args(["--cacert", &var("TESTBED_CA")?])
+        .args(["--cert", &var("TESTBED_ADMIN_CERT")?])
+        .args(["--key", &var("TESTBED_ADMIN_KEY")?])
+        .args(["-H", "Content-Type: application/json"]);
+    if let Some(b) = body {
+        cmd.args(["--data-binary", &b.to_string()]);
+    }
+    let out = cmd.arg(format!("{}{path}", var("TESTBED_API")?)).output()?;
+    Ok(serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+}
+
+fn etcdctl(args: &[&str], input: Option<&str>) -> Result<String, Failure> {
+    let bin = std::env::var("PEERS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/var/cache/calico-cni-peers/bin"))
+        .join("etcdctl");
+    let mut cmd = Command::new(bin);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("ETCDCTL_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.arg(format!(
+        "--endpoints={}",
+        var("TESTBED_CALICO_ETCD_ENDPOINTS")?
+    ))
+    .arg(format!("--cacert={}", var("TESTBED_CALICO_ETCD_CA")?))
+    .arg(format!("--cert={}", var("TESTBED_CALICO_ETCD_CERT")?))
+    .arg(format!("--key={}", var("TESTBED_CALICO_ETCD_KEY")?))
+    .args(args)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    if let Some(input) = input {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(input.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One round's ADD and DEL samples with their wall times, and whether it
+/// leaked.
+type RoundSamples = (Vec<Sample>, Duration, Vec<Sample>, Duration, bool);
+
+/// The bench's world on one datastore: a node, a pool selecting only it,
+/// pods (Kubernetes) and the config both binaries get.
+pub struct World {
+    pub store: Store,
+    tag: String,
+    node: String,
+    namespace: String,
+    pool: String,
+    cidr: String,
+    dir: PathBuf,
+}
+
+impl World {
+    pub fn new(store: Store, dir: &Path, pods: usize, cidr: &str) -> Result<World, Failure> {
+        let tag = format!("bench{}{}", std::process::id(), store.label().len());
+        let w = World {
+            store,
+            node: format!("{tag}-node"),
+            namespace: format!("{tag}-ns"),
+            pool: format!("{tag}-pool"),
+            cidr: cidr.into(),
+            dir: dir.join(store.label()),
+            tag,
+        };
+        std::fs::create_dir_all(&w.dir)?;
+        let selector = format!("calico-bench == '{}'", w.tag);
+        let pool_spec = json!({"cidr": w.cidr, "blockSize": 26, "nodeSelector": selector,
+                               "ipipMode": "Never", "vxlanMode": "Never"});
+        match store {
+            Store::Kdd => {
+                api(
+                    "POST",
+                    "/api/v1/nodes",
+                    Some(&json!({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": w.node, "labels": {"calico-bench": w.tag}}})),
+                )?;
+                api(
+                    "POST",
+                    "/api/v1/namespaces",
+                    Some(&json!({"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": w.namespace}})),
+                )?;
+                api(
+                    "POST",
+                    "/apis/crd.projectcalico.org/v1/ippools",
+                    Some(
+                        &json!({"apiVersion": "crd.projectcalico.org/v1", "kind": "IPPool",
+                        "metadata": {"name": w.pool}, "spec": pool_spec}),
+                    ),
+                )?;
+                for i in 0..pods {
+                    api(
+                        "POST",
+                        &format!("/api/v1/namespaces/{}/pods", w.namespace),
+                        Some(&json!({"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": format!("p{i}"), "labels": {"app": "bench"}},
+                            "spec": {"nodeName": w.node,
+                                     "containers": [{"name": "c", "image": "bench"}]}})),
+                    )?;
+                }
+            }
+            Store::Etcd => {
+                let v3 = "/calico/resources/v3/projectcalico.org";
+                if etcdctl(
+                    &[
+                        "get",
+                        &format!("{v3}/clusterinformations/default"),
+                        "--keys-only",
+                    ],
+                    None,
+                )?
+                .trim()
+                .is_empty()
+                {
+                    let info = json!({"kind": "ClusterInformation", "apiVersion": "projectcalico.org/v3",
+                        "metadata": {"name": "default", "uid": "6e1e1a3c-0000-4000-8000-0000000000b1",
+                                     "creationTimestamp": "2026-12-01T00:00:00Z"},
+                        "spec": {"clusterGUID": "0123456789abcdef0123456789abcdef",
+                                 "clusterType": "k8s,bgp", "datastoreReady": true}});
+                    etcdctl(
+                        &["put", &format!("{v3}/clusterinformations/default")],
+                        Some(&info.to_string()),
+                    )?;
+                }
+                let node = json!({"kind": "Node", "apiVersion": "projectcalico.org/v3",
+                    "metadata": {"name": w.node, "labels": {"calico-bench": w.tag},
+                                 "uid": "6e1e1a3c-0000-4000-8000-0000000000b2",
+                                 "creationTimestamp": "2026-12-01T00:00:00Z"},
+                    "spec": {}});
+                etcdctl(
+                    &["put", &format!("{v3}/nodes/{}", w.node)],
+                    Some(&node.to_string()),
+                )?;
+                let pool = json!({"kind": "IPPool", "apiVersion": "projectcalico.org/v3",
+                    "metadata": {"name": w.pool, "uid": "6e1e1a3c-0000-4000-8000-0000000000b3",
+                                 "creationTimestamp": "2026-12-01T00:00:00Z"},
+                    "spec": pool_spec});
+                etcdctl(
+                    &["put", &format!("{v3}/ippools/{}", w.pool)],
+                    Some(&pool.to_string()),
+                )?;
+            }
+        }
+        Ok(w)
+    }
+
+    /// The network config both binaries get (the same text), each with its
+    /// own log file and lock.
+    fn conf(
+        &self,
+        side: &str,
+        kubeconfig: Option<&str>,
+        etcd: Option<&str>,
+    ) -> Result<Value, Failure> {
+        let dir = self.dir.join(side);
+        std::fs::create_dir_all(&dir)?;
+        let mut conf = json!({
+            "cniVersion": "0.3.1", "name": "k8s-pod-network", "type": "calico",
+            "nodename": self.node, "nodename_file_optional": true, "log_level": "info",
+            "log_file_path": dir.join("cni.log"), "ipam_lock_file": dir.join("ipam.lock"),
+            "mtu": 1450, "ipam": {"type": "calico-ipam"},
+        });
+        match self.store {
+            Store::Kdd => {
+                let kubeconfig = match kubeconfig {
+                    Some(k) => k.to_string(),
+                    None => var("CALICO_CNI_KUBECONFIG")?,
+                };
+                conf["datastore_type"] = json!("kubernetes");
+                conf["kubernetes"] = json!({"kubeconfig": kubeconfig});
+                conf["policy"] = json!({"type": "k8s"});
+            }
+            Store::Etcd => {
+                conf["datastore_type"] = json!("etcdv3");
+                conf["etcd_endpoints"] = json!(match etcd {
+                    Some(e) => e.to_string(),
+                    None => var("TESTBED_CALICO_ETCD_ENDPOINTS")?,
+                });
+                conf["etcd_ca_cert_file"] = json!(var("TESTBED_CALICO_ETCD_CA")?);
+                conf["etcd_cert_file"] = json!(var("TESTBED_CALICO_ETCD_CERT")?);
+                conf["etcd_key_file"] = json!(var("TESTBED_CALICO_ETCD_KEY")?);
+            }
+        }
+        Ok(conf)
+    }
+
+    /// One CNI call for pod `i` (sandbox `cid`, netns `netns`).
+    fn call(
+        &self,
+        b: &Binary,
+        conf: &Value,
+        verb: &str,
+        i: usize,
+        cid: &str,
+        netns: &str,
+    ) -> Sample {
+        let args = format!(
+            "K8S_POD_NAMESPACE={};K8S_POD_NAME=p{i};K8S_POD_INFRA_CONTAINER_ID={cid}",
+            self.namespace
+        );
+        let mut env = vec![
+            ("CNI_COMMAND", verb),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", b.cni_path.as_str()),
+        ];
+        if self.store == Store::Kdd {
+            env.push(("CNI_ARGS", args.as_str()));
+        }
+        invoke(&b.calico, &env, conf.to_string().as_bytes())
+    }
+
+    /// Addresses of the pool still allocated (a leak after a DEL phase).
+    fn allocated(&self) -> Result<usize, Failure> {
+        let blocks: Vec<Value> = match self.store {
+            Store::Kdd => api("GET", "/apis/crd.projectcalico.org/v1/ipamblocks", None)?["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+            Store::Etcd => etcdctl(
+                &[
+                    "get",
+                    "/calico/ipam/v2/assignment/",
+                    "--prefix",
+                    "--print-value-only",
+                ],
+                None,
+            )?
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .map(|v| json!({"spec": v}))
+            .collect(),
+        };
+        let net: ipnet::IpNet = self.cidr.parse()?;
+        Ok(blocks
+            .iter()
+            .filter(|b| {
+                b["spec"]["cidr"]
+                    .as_str()
+                    .and_then(|c| c.parse::<ipnet::IpNet>().ok())
+                    .is_some_and(|c| net.contains(&c))
+            })
+            .map(|b| {
+                b["spec"]["allocations"]
+                    .as_array()
+                    .map_or(0, |a| a.iter().filter(|x| !x.is_null()).count())
+            })
+            .sum())
+    }
+
+    /// One round of `n` pods, `conc` at a time: ADD all, DEL all; leaks
+    /// checked. The samples of each phase.
+    fn round(
+        &self,
+        b: &Binary,
+        conf: &Value,
+        n: usize,
+        conc: usize,
+        tag: &str,
+    ) -> Result<RoundSamples, Failure> {
+        for i in 0..n {
+            sh("ip", &["netns", "add", &format!("{tag}-{i}")]);
+        }
+        let veths = || {
+            sh("ip", &["-o", "link", "show", "type", "veth"])
+                .lines()
+                .count()
+        };
+        let before = (veths(), self.allocated()?);
+        let cid = |i: usize| format!("{tag}{i:04}");
+        let netns = |i: usize| format!("/var/run/netns/{tag}-{i}");
+        let (adds, add_wall) = phase(n, conc, |i| {
+            self.call(b, conf, "ADD", i, &cid(i), &netns(i))
+        });
+        let (dels, del_wall) = phase(n, conc, |i| {
+            self.call(b, conf, "DEL", i, &cid(i), &netns(i))
+        });
+        let after = (veths(), self.allocated()?);
+        for i in 0..n {
+            sh("ip", &["netns", "del", &format!("{tag}-{i}")]);
+        }
+        let leaked = after != before;
+        if leaked {
+            println!(
+                "| {} | {} | {conc} | LEAK: (veths, allocated) before {before:?} after {after:?} | | | | | |",
+                self.store.label(),
+                b.label
+            );
+        }
+        Ok((adds, add_wall, dels, del_wall, leaked))
+    }
+
+    /// Everything for one binary: the rounds at each concurrency, the
+    /// burst, CPU and RSS; then the requests through the counting proxy.
+    pub fn measure(
+        &self,
+        b: &Binary,
+        side: &str,
+        n: usize,
+        concs: &[usize],
+        burst: usize,
+    ) -> Result<Figures, Failure> {
+        let conf = self.conf(side, None, None)?;
+        let mut f = Figures::default();
+        let mut cpu = (Vec::new(), Vec::new());
+        for &conc in concs {
+            let tag = format!("d{}{}{conc}", std::process::id() % 1000, &side[..1]);
+            let (adds, aw, dels, dw, leaked) = self.round(b, &conf, n, conc, &tag)?;
+            f.failures += adds.iter().chain(&dels).filter(|s| !s.ok).count();
+            if let Some(s) = adds.iter().chain(&dels).find(|s| !s.ok) {
+                println!(
+                    "| {} | {} | {conc} | failed: {} | | | | | |",
+                    self.store.label(),
+                    b.label,
+                    s.stdout.replace('\n', " ")
+                );
+            }
+            f.leaked |= leaked;
+            f.rss_kib = f.rss_kib.max(
+                adds.iter()
+                    .chain(&dels)
+                    .map(|s| s.max_rss_kib)
+                    .max()
+                    .unwrap_or(0),
+            );
+            cpu.0.extend(adds.iter().map(|s| s.cpu));
+            cpu.1.extend(dels.iter().map(|s| s.cpu));
+            f.add.insert(conc, stats(&adds, aw));
+            f.del.insert(conc, stats(&dels, dw));
+        }
+        let tag = format!("d{}{}b", std::process::id() % 1000, &side[..1]);
+        let (adds, wall, dels, _, leaked) = self.round(b, &conf, burst, burst, &tag)?;
+        f.failures += adds.iter().chain(&dels).filter(|s| !s.ok).count();
+        f.leaked |= leaked;
+        f.burst_wall = wall;
+        let mut t: Vec<Duration> = adds.iter().map(|s| s.elapsed).collect();
+        t.sort();
+        f.burst_add_p99 = percentile(&t, 99);
+        let median = |v: &mut Vec<Duration>| {
+            v.sort();
+            v.get(v.len() / 2).copied().unwrap_or_default()
+        };
+        f.cpu_add = median(&mut cpu.0);
+        f.cpu_del = median(&mut cpu.1);
+        self.count_requests(b, side, &mut f)?;
+        Ok(f)
+    }
+
+    /// Requests and body bytes per ADD and DEL, through the fault proxy in
+    /// pass-through (5 pods, one at a time).
+    fn count_requests(&self, b: &Binary, side: &str, f: &mut Figures) -> Result<(), Failure> {
+        const CALLS: usize = 5;
+        let proxy = match self.store {
+            Store::Kdd => faultproxy::FaultProxy::start(
+                &var("TESTBED_API")?,
+                Path::new(&var("TESTBED_CA")?),
+                Path::new(&var("TESTBED_PROXY_CERT")?),
+                Path::new(&var("TESTBED_PROXY_KEY")?),
+            ),
+            Store::Etcd => {
+                let first = var("TESTBED_CALICO_ETCD_ENDPOINTS")?;
+                let first = first.split(',').next().unwrap_or_default().to_string();
+                faultproxy::FaultProxy::start_with_identity(
+                    &first,
+                    Path::new(&var("TESTBED_CALICO_ETCD_CA")?),
+                    Path::new(&var("TESTBED_PROXY_CERT")?),
+                    Path::new(&var("TESTBED_PROXY_KEY")?),
+                    Some((
+                        Path::new(&var("TESTBED_CALICO_ETCD_CERT")?),
+                        Path::new(&var("TESTBED_CALICO_ETCD_KEY")?),
+                    )),
+                )
+            }
+        };
+        let kubeconfig = self.dir.join(format!("{side}-proxy.kubeconfig"));
+        let conf = match self.store {
+            Store::Kdd => {
+                let mut kc: Value =
+                    serde_json::from_slice(&std::fs::read(var("CALICO_CNI_KUBECONFIG")?)?)?;
+                kc["clusters"][0]["cluster"]["server"] = json!(proxy.url());
+                std::fs::write(&kubeconfig, kc.to_string())?;
+                self.conf(side, Some(&kubeconfig.to_string_lossy()), None)?
+            }
+            Store::Etcd => self.conf(side, None, Some(&proxy.url()))?,
+        };
+        let tag = format!("q{}{}", std::process::id() % 1000, &side[..1]);
+        let mut counts = [(0usize, 0u64); 2];
+        for i in 0..CALLS {
+            sh("ip", &["netns", "add", &format!("{tag}-{i}")]);
+            let (cid, netns) = (format!("{tag}{i:04}"), format!("/var/run/netns/{tag}-{i}"));
+            for (k, verb) in ["ADD", "DEL"].into_iter().enumerate() {
+                let (r0, b0) = (proxy.requests().len(), proxy.bytes());
+                let s = self.call(b, &conf, verb, i, &cid, &netns);
+                f.failures += usize::from(!s.ok);
+                let (r1, b1) = (proxy.requests().len(), proxy.bytes());
+                if i == 0 && std::env::var("BENCH_SHOW_REQUESTS").is_ok() {
+                    for (method, path) in &proxy.requests()[r0..r1] {
+                        println!(
+                            "| {} | {} | {verb} request | {method} {path} |",
+                            self.store.label(),
+                            b.label
+                        );
+                    }
+                }
+                counts[k].0 += r1 - r0;
+                counts[k].1 += (b1.0 - b0.0) + (b1.1 - b0.1);
+            }
+            sh("ip", &["netns", "del", &format!("{tag}-{i}")]);
+        }
+        f.requests_add = counts[0].0 as f64 / CALLS as f64;
+        f.requests_del = counts[1].0 as f64 / CALLS as f64;
+        f.bytes_add = counts[0].1 as f64 / CALLS as f64;
+        f.bytes_del = counts[1].1 as f64 / CALLS as f64;
+        Ok(())
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        match self.store {
+            Store::Kdd => {
+                let _ = api(
+                    "DELETE",
+                    &format!("/api/v1/namespaces/{}", self.namespace),
+                    None,
+                );
+                let _ = api(
+                    "DELETE",
+                    &format!("/apis/crd.projectcalico.org/v1/ippools/{}", self.pool),
+                    None,
+                );
+                // The node's blocks and affinities.
+                for plural in ["blockaffinities", "ipamblocks"] {
+                    let list = api(
+                        "GET",
+                        &format!("/apis/crd.projectcalico.org/v1/{plural}"),
+                        None,
+                    )
+                    .unwrap_or_default();
+                    for item in list["items"].as_array().cloned().unwrap_or_default() {
+                        let mine = item["spec"]["node"] == json!(self.node)
+                            || item["spec"]["affinity"] == json!(format!("host:{}", self.node));
+                        if mine {
+                            let name = item["metadata"]["name"].as_str().unwrap_or_default();
+                            let _ = api(
+                                "DELETE",
+                                &format!("/apis/crd.projectcalico.org/v1/{plural}/{name}"),
+                                None,
+                            );
+                        }
+                    }
+                }
+                let _ = api("DELETE", &format!("/api/v1/nodes/{}", self.node), None);
+            }
+            Store::Etcd => {
+                let v3 = "/calico/resources/v3/projectcalico.org";
+                let _ = etcdctl(&["del", &format!("{v3}/ippools/{}", self.pool)], None);
+                let _ = etcdctl(&["del", &format!("{v3}/nodes/{}", self.node)], None);
+                let _ = etcdctl(
+                    &[
+                        "del",
+                        &format!("/calico/ipam/v2/host/{}", self.node),
+                        "--prefix",
+                    ],
+                    None,
+                );
+                // The pool's blocks (keys `<prefix>/<address>-<prefix length>`).
+                let prefix = "/calico/ipam/v2/assignment/ipv4/block/";
+                let net: Option<ipnet::IpNet> = self.cidr.parse().ok();
+                let keys =
+                    etcdctl(&["get", prefix, "--prefix", "--keys-only"], None).unwrap_or_default();
+                for key in keys.lines().filter(|k| !k.is_empty()) {
+                    let cidr = key.trim_start_matches(prefix).replacen('-', "/", 1);
+                    let inside = cidr
+                        .parse::<ipnet::IpNet>()
+                        .ok()
+                        .zip(net)
+                        .is_some_and(|(c, n)| n.contains(&c));
+                    if inside {
+                        let _ = etcdctl(&["del", key], None);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Prints the datastore rows and the ratios; whether anything failed or leaked.
+pub fn report(rows: &[(Store, &str, &Figures)]) -> bool {
+    let mut bad = false;
+    println!(
+        "\n| datastore | binary | conc | op | n | fail | p50 ms | p99 ms | ops/s |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for (store, label, f) in rows {
+        for (op, m) in [("ADD", &f.add), ("DEL", &f.del)] {
+            for (conc, s) in m.iter() {
+                println!(
+                    "| {} | {label} | {conc} | {op} | {} | {} | {} | {} | {:.0} |",
+                    store.label(),
+                    s.n,
+                    s.failures,
+                    ms(s.p50),
+                    ms(s.p99),
+                    s.ops_per_s
+                );
+            }
+        }
+        bad |= f.failures > 0 || f.leaked;
+    }
+    println!(
+        "\n| datastore | binary | burst: all networked s | burst: ADD p99 ms | CPU/ADD ms | CPU/DEL ms | peak RSS KiB | requests/ADD | requests/DEL | bytes/ADD | bytes/DEL | failures | leaks |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for (store, label, f) in rows {
+        println!(
+            "| {} | {label} | {:.2} | {} | {} | {} | {} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {} |",
+            store.label(),
+            f.burst_wall.as_secs_f64(),
+            ms(f.burst_add_p99),
+            ms(f.cpu_add),
+            ms(f.cpu_del),
+            f.rss_kib,
+            f.requests_add,
+            f.requests_del,
+            f.bytes_add,
+            f.bytes_del,
+            f.failures,
+            u8::from(f.leaked)
+        );
+    }
+    let find = |store: Store, label: &str| {
+        rows.iter()
+            .find(|(s, l, _)| *s == store && *l == label)
+            .map(|r| r.2)
+    };
+    println!("\n| ratio, ours / Calico v3.32.1 | value | target |\n|---|---|---|");
+    for (store, add_t, del_t, burst_t) in [
+        (Store::Kdd, "0.15", "0.2", "0.1"),
+        (Store::Etcd, "0.1", "-", "0.08"),
+    ] {
+        let (Some(o), Some(c)) = (find(store, "ours"), find(store, "calico-v3.32.1")) else {
+            continue;
+        };
+        let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+        let c1 = *o.add.keys().next().unwrap_or(&1);
+        println!(
+            "| {}: ADD p50 (conc {c1}) | {:.2} | <= {add_t} |",
+            store.label(),
+            r(o.add[&c1].p50, c.add[&c1].p50)
+        );
+        println!(
+            "| {}: DEL p50 (conc {c1}) | {:.2} | <= {del_t} |",
+            store.label(),
+            r(o.del[&c1].p50, c.del[&c1].p50)
+        );
+        println!(
+            "| {}: burst, all networked | {:.2} | <= {burst_t} |",
+            store.label(),
+            r(o.burst_wall, c.burst_wall)
+        );
+        println!(
+            "| {}: CPU per ADD | {:.2} | |",
+            store.label(),
+            r(o.cpu_add, c.cpu_add)
+        );
+        println!(
+            "| {}: peak RSS per call | {:.2} | <= 0.15 (kubernetes) |",
+            store.label(),
+            o.rss_kib as f64 / c.rss_kib.max(1) as f64
+        );
+    }
+    bad
+}
