@@ -36,6 +36,8 @@ use serde_json::{Value, json};
 const CNI_BIN: &str = "/usr/lib/cni";
 /// The row label of the kernel's delete of pods' veth pairs in each round.
 const POD_FLOOR: &str = "kernel: delete a pod's veth pair";
+/// The longest one plugin call may take before the bench kills it.
+const CALL_LIMIT: Duration = Duration::from_secs(60);
 /// Single ADD and DEL calls whose peak RSS is read, per plugin.
 const RSS_CALLS: usize = 5;
 
@@ -136,6 +138,18 @@ fn invoke(binary: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Sample {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn plugin");
+    // A call that hangs is killed after CALL_LIMIT (and counts as failed).
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (done, pid) = (done.clone(), child.id() as i32);
+        std::thread::spawn(move || {
+            std::thread::sleep(CALL_LIMIT);
+            if !done.load(std::sync::atomic::Ordering::SeqCst) {
+                // SAFETY: kill(2) on our own child, not yet reaped (done unset).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        });
+    }
     let _ = child.stdin.take().expect("stdin").write_all(stdin);
     let mut stdout = String::new();
     let _ = child
@@ -147,6 +161,7 @@ fn invoke(binary: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Sample {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: the pid is our own unreaped child; status and usage are valid out-pointers.
     let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
     let elapsed = started.elapsed();
     let ok = pid > 0 && std::process::ExitStatus::from_raw(status).success();
     std::mem::forget(child); // already reaped
