@@ -14,7 +14,7 @@
 //! to the plugins' DELs, the kernel's delete of N pods' pairs made and pinged
 //! as the plugins' pods are) and the peak RSS of single ADD and DEL calls
 //! (the largest of several). `--smoke` (N=10, C=1,8) exits non-zero on any
-//! failure or leak, and when our peak RSS per call exceeds ptp's (each the
+//! failure or leak, and when our peak RSS per call exceeds ptp's by more than 5% (each the
 //! larger of the plugin and its host-local child: like for like).
 
 use std::collections::HashMap;
@@ -36,6 +36,11 @@ use serde_json::{Value, json};
 const CNI_BIN: &str = "/usr/lib/cni";
 /// The row label of the kernel's delete of pods' veth pairs in each round.
 const POD_FLOOR: &str = "kernel: delete a pod's veth pair";
+/// How far our peak RSS per call may pass ptp's before the smoke fails.
+/// Both figures are mostly the host-local child's (a Go binary whose RSS
+/// moves by a few percent from call to call and machine to machine: 1.02
+/// seen in CI with identical children); a stale symbol order costs 50-70%.
+const RSS_SLACK: f64 = 1.05;
 /// The longest one plugin call may take before the bench kills it.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
 /// Single ADD and DEL calls whose peak RSS is read, per plugin.
@@ -838,10 +843,10 @@ fn run() -> Result<(), Failure> {
     let (ours_kib, peer_kib) = (peak(ours), peak(peer));
     if peer_kib == 0 {
         problems.push(format!("no peak RSS measured for {peer}"));
-    } else if ours_kib > peer_kib {
+    } else if ours_kib as f64 > peer_kib as f64 * RSS_SLACK {
         problems.push(format!(
             "peak RSS per call {ours_kib} KiB ({ours}) exceeds ptp's {peer_kib} KiB ({peer}), \
-             ratio {rss_ratio:.2} > 1.0 (the largest of {RSS_CALLS} ADDs and DELs each): \
+             ratio {rss_ratio:.2} > {RSS_SLACK} (the largest of {RSS_CALLS} ADDs and DELs each): \
              has link/symbol-order.txt gone stale? (scripts/check-symbol-order.sh)"
         ));
     }
