@@ -1029,7 +1029,7 @@ fn another_name_under_a_runtime() {
 /// is served, nothing is discovered: not one request more.
 #[test]
 fn the_v3_group_is_discovered_where_v1_is_not_served() {
-    use common::faultproxy::{Fault, FaultProxy, Rule};
+    use common::faultproxy::{Fault, Rule};
     let test = "the_v3_group_is_discovered_where_v1_is_not_served";
     let Some(w) = World::new(test, Backend::Kdd) else {
         return;
@@ -1046,18 +1046,7 @@ fn the_v3_group_is_discovered_where_v1_is_not_served() {
     } else {
         bed.create(&format!("{v3}/ippools"), &pool);
     }
-    let proxy = FaultProxy::start(
-        bed.api(),
-        &bed.ca(),
-        bed.var("TESTBED_PROXY_CERT").as_ref(),
-        bed.var("TESTBED_PROXY_KEY").as_ref(),
-    );
-    let kubeconfig = bed.kubeconfig(
-        w.dir.path(),
-        "through-proxy",
-        &proxy.url(),
-        json!({"token": bed.cni_token()}),
-    );
+    let (proxy, kubeconfig) = bed.cni_through_proxy(w.dir.path(), "through-proxy");
     let mut conf = w.conf();
     conf["kubernetes"] = json!({"kubeconfig": kubeconfig});
     conf.as_object_mut().unwrap().remove("calico_api_group");

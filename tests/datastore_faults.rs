@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::faultproxy::{Fault, FaultProxy, Rule};
+use common::faultproxy::{Fault, Rule};
 use common::ipam::{Backend, World, address};
 use common::*;
 use serde_json::json;
@@ -27,18 +27,7 @@ fn calico_ipam_through_api_server_faults() {
         return;
     };
     let bed = w.bed();
-    let proxy = FaultProxy::start(
-        bed.api(),
-        &bed.ca(),
-        bed.var("TESTBED_PROXY_CERT").as_ref(),
-        bed.var("TESTBED_PROXY_KEY").as_ref(),
-    );
-    let kubeconfig = bed.kubeconfig(
-        w.dir.path(),
-        "through-proxy",
-        &proxy.url(),
-        json!({"token": bed.cni_token()}),
-    );
+    let (proxy, kubeconfig) = bed.cni_through_proxy(w.dir.path(), "through-proxy");
     w.pool(&w.v4(0).to_string(), json!({}));
     let mut conf = w.conf();
     conf["cniVersion"] = json!("1.1.0");

@@ -314,6 +314,25 @@ impl Testbed {
         path
     }
 
+    /// A fault proxy in front of the API server and a kubeconfig in `dir`
+    /// (file `name`) that reaches it through the proxy with the CNI's token.
+    #[allow(dead_code)]
+    pub fn cni_through_proxy(
+        &self,
+        dir: &Path,
+        name: &str,
+    ) -> (crate::common::faultproxy::FaultProxy, PathBuf) {
+        let proxy = crate::common::faultproxy::FaultProxy::start(
+            self.api(),
+            &self.ca(),
+            self.var("TESTBED_PROXY_CERT").as_ref(),
+            self.var("TESTBED_PROXY_KEY").as_ref(),
+        );
+        let kubeconfig =
+            self.kubeconfig(dir, name, &proxy.url(), json!({"token": self.cni_token()}));
+        (proxy, kubeconfig)
+    }
+
     /// The token in the CNI's kubeconfig.
     pub fn cni_token(&self) -> String {
         let kc: Value =
