@@ -1163,7 +1163,7 @@ impl<'a> Allocator<'a> {
     /// Sets an owner slot of `ip` (held by `handle`) to `attrs` (empty:
     /// cleared), compare-and-swap on the block; with `expected` (namespace,
     /// pod), only while that slot still names that pod (Calico's
-    /// preconditions).
+    /// preconditions). The address's attributes as written.
     pub async fn set_owner(
         &self,
         ip: IpAddr,
@@ -1171,7 +1171,7 @@ impl<'a> Allocator<'a> {
         slot: block::OwnerSlot,
         attrs: &BTreeMap<String, String>,
         expected: Option<(&str, &str)>,
-    ) -> Result<(), IpamError> {
+    ) -> Result<crate::datastore::ipam_model::AllocationAttribute, IpamError> {
         let cidr = self
             .block_cidr_of(ip)
             .await?
@@ -1203,8 +1203,11 @@ impl<'a> Allocator<'a> {
             }
             block::set_owner(&mut blk.spec, &cidr, ip, handle, slot, attrs.clone())
                 .map_err(IpamError::Invalid)?;
+            let written = block::attribute_of(&blk.spec, &cidr, ip)
+                .cloned()
+                .unwrap_or_default();
             match self.put_block(&mut blk).await {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(written),
                 Err(DatastoreError::Conflict(_)) => continue,
                 Err(e) => return Err(ds(what)(e)),
             }

@@ -372,13 +372,16 @@ pub async fn del(call: &Call, req: &Request) -> Result<()> {
                 } else {
                     None
                 };
-                if let Some(slot) = slot {
-                    allocator
-                        .set_owner(ip, &handle, slot, &BTreeMap::new(), Some((namespace, pod)))
-                        .await?;
-                    tracing::info!(%ip, ?slot, "the pod no longer owns its VM's address");
-                }
-                let attr = allocator.attributes_of(ip).await?.unwrap_or_default();
+                let attr = match slot {
+                    Some(slot) => {
+                        let written = allocator
+                            .set_owner(ip, &handle, slot, &BTreeMap::new(), Some((namespace, pod)))
+                            .await?;
+                        tracing::info!(%ip, ?slot, "the pod no longer owns its VM's address");
+                        written
+                    }
+                    None => attr,
+                };
                 owned |= !attr.secondary.is_empty() || !attr.alternate.is_empty();
             }
             if vm.is_going_away() && !owned {
