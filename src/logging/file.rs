@@ -2,22 +2,24 @@
 //! append to it and rotate it too.
 //!
 //! Each record is one `write(2)` with `O_APPEND`, made holding the lock
-//! file shared, after checking that the open file is still the one at
-//! `log_file_path` (else it reopens it): a rotation renames the file only
-//! with the lock held exclusive, so no record ever lands in a backup that
+//! file exclusive, after checking that the open file is still the one at
+//! `log_file_path` (else it reopens it) and that the record fits: the size
+//! check and the append are one step for every process, so the file never
+//! outgrows `max_size`, however many plugins write at once (a record is a
+//! few hundred bytes: the lock is held for microseconds). A rotation renames
+//! the file holding the same lock, so no record ever lands in a backup that
 //! is being compressed, and none is lost or written twice. A record that
 //! would take the file past `max_size` first rotates it (lumberjack's
 //! rule); when that cannot be done (the lock held too long by another
 //! process, an error, or the file found full again [`ROUNDS`] times), the
-//! record goes to stderr only, so the file never outgrows `max_size` (but
-//! for the records of processes that checked its size at the very same
-//! moment: writers share the lock). A record larger than `max_size` goes to
+//! record goes to stderr only. A record larger than `max_size` goes to
 //! stderr only (lumberjack refuses it too).
 //!
 //! After waiting [`WAIT`] for the lock once in vain, a process stops
 //! waiting: from then on it writes if the lock is free and otherwise
 //! without it (a record then may, rarely, land in a backup being
-//! compressed and be lost), and rotates only if the lock is free.
+//! compressed and be lost, or pass `max_size`), and rotates only if the
+//! lock is free.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -109,7 +111,7 @@ impl LogFile {
         let mut problem = None;
         let mut written = None;
         for _ in 0..ROUNDS {
-            let guard = lock_shared(&self.lock, &mut self.patience)?;
+            let guard = lock_for_record(&self.lock, &mut self.patience)?;
             let size = follow(&self.path, &mut self.file)?;
             if !rotation::needs_rotation(size, incoming, self.limits.max_size) {
                 written = Some(self.file.write_all(record));
@@ -146,10 +148,14 @@ impl LogFile {
     }
 }
 
-/// The lock shared, or `None` when it could not be had in time (the record
-/// is then written without it, and the process stops waiting).
-fn lock_shared<'a>(lock: &'a LockFile, patience: &mut Duration) -> io::Result<Option<Guard<'a>>> {
-    let guard = lock.lock(Mode::Shared, *patience)?;
+/// The lock, exclusive (the size check and the append are one step), or
+/// `None` when it could not be had in time (the record is then written
+/// without it, and the process stops waiting).
+fn lock_for_record<'a>(
+    lock: &'a LockFile,
+    patience: &mut Duration,
+) -> io::Result<Option<Guard<'a>>> {
+    let guard = lock.lock(Mode::Exclusive, *patience)?;
     if guard.is_none() {
         *patience = Duration::ZERO;
     }

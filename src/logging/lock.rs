@@ -1,7 +1,7 @@
 //! The sidecar lock file (`<log>.lock`) that concurrent plugins share: a
-//! writer holds it shared while it checks the file and appends a record, a
-//! rotation holds it exclusive while it renames the file and prunes the
-//! backups. Waits are bounded, so that a stopped process holding it costs
+//! writer holds it exclusive while it checks the file's size and appends a
+//! record, a rotation while it renames the file and prunes the backups, a
+//! compression holds it shared while it creates its temporary file. Waits are bounded, so that a stopped process holding it costs
 //! the others at most [`WAIT`] once.
 //!
 //! `flock(2)` locks belong to an open file description: each [`LockFile`]
