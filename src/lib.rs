@@ -8,6 +8,7 @@
 pub mod app;
 pub mod cli;
 pub mod cni;
+pub mod connection_gate;
 pub mod dataplane;
 pub mod datastore;
 pub mod etcd;

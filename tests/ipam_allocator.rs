@@ -420,3 +420,61 @@ fn interrupted_deletes_are_finished_by_the_next_reader() {
     assert_eq!(allocated(s), 0);
     assert!(handles(s).is_empty());
 }
+
+/// Inputs read ahead of the host lock (the ADD path: IPAMConfig, pools,
+/// reservations and this host's affinities before the lock) that another
+/// ADD of the host overtook: its new block is found and used, not a third
+/// block claimed; and a handle read ahead of a release that an ADD wrote
+/// meanwhile still has all its addresses released.
+#[test]
+fn inputs_read_ahead_of_the_lock_see_what_was_claimed_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("s.db"));
+    let s: &dyn Store = &store;
+    pool(s, "p", "10.78.0.0/24", 31);
+    let blocks = || run(s.list::<IpamBlock>("", &ListFilter::All)).unwrap();
+
+    // Block 1 full (two addresses of a /31).
+    assert_eq!(run(assign(s, "node-a", "net1.b", 2, 0)).unwrap().len(), 2);
+    let a = attrs("net1.a");
+    let req = AutoAssign {
+        num4: 1,
+        num6: 0,
+        handle: "net1.a",
+        attrs: &a,
+        pools4: &[],
+        pools6: &[],
+        max_blocks: 0,
+        labels: &NoLabels,
+    };
+    let alloc = Allocator::new(s, "node-a");
+    let ahead = run(alloc.read_ahead(&req)).unwrap();
+    // Meanwhile another ADD of this host claims block 2 and takes one of
+    // its two addresses.
+    let c = run(assign(s, "node-a", "net1.c", 1, 0)).unwrap();
+    assert_eq!(blocks().len(), 2);
+
+    let got = run(alloc.auto_assign_from(&req, Some(ahead))).unwrap();
+    assert_eq!(got.v4.len(), 1);
+    assert_eq!(
+        blocks().len(),
+        2,
+        "block 2's free address, not a new block: {:?} after {c:?}",
+        got.v4
+    );
+    assert_eq!(got.v4[0].trunc(), c[0].trunc(), "in block 2");
+
+    // The release side: the handle read ahead, then written (another
+    // address added under it) before the release runs.
+    let read = run(alloc.read_handle("net1.b")).unwrap();
+    assert!(read.is_some());
+    let extra =
+        run(alloc.assign_ip("10.78.0.200".parse().unwrap(), "net1.b", &attrs("net1.b"))).unwrap();
+    assert_eq!(
+        run(alloc.release_handle_from("net1.b", Some(read))).unwrap(),
+        Some(3),
+        "both of block 1 and {extra:?}"
+    );
+    assert!(handles(s).iter().all(|h| h.spec.handle_id != "net1.b"));
+    assert_eq!(allocated(s), 2, "net1.a and net1.c only");
+}

@@ -10,17 +10,18 @@ use std::path::{Path, PathBuf};
 /// orchestration of the verbs, the operator's subcommands, and the process
 /// edge.
 const RANKS: &[(&str, u32)] = &[
-    ("etcd", 0),
-    ("fault", 0),
-    ("k8s", 0),
-    ("logging", 0),
-    ("cni", 1),
-    ("dataplane", 2),
-    ("datastore", 2),
-    ("ipam", 3),
-    ("plugin", 4),
-    ("cli", 5),
-    ("app", 6),
+    ("connection_gate", 0),
+    ("etcd", 1),
+    ("fault", 1),
+    ("k8s", 1),
+    ("logging", 1),
+    ("cni", 2),
+    ("dataplane", 3),
+    ("datastore", 3),
+    ("ipam", 4),
+    ("plugin", 5),
+    ("cli", 6),
+    ("app", 7),
 ];
 
 /// Inside the plugin layer, lowest first: the invocation context and the

@@ -13,9 +13,11 @@
 //! and of deleting one veth pair across namespaces; and in every round, next
 //! to the plugins' DELs, the kernel's delete of N pods' pairs made and pinged
 //! as the plugins' pods are) and the peak RSS of single ADD and DEL calls
-//! (the largest of several). `--smoke` (N=10, C=1,8) exits non-zero on any
-//! failure or leak, and when our peak RSS per call exceeds ptp's by more than 5% (each the
-//! larger of the plugin and its host-local child: like for like).
+//! (the largest of several). `--smoke` (N=10, C=1,8; with the test bed up,
+//! also the datastore rows with N=5 and a burst of 10, both binaries) exits
+//! non-zero on any failure or leak, and when our peak RSS per call exceeds
+//! ptp's by more than 5% (each the larger of the plugin and its host-local
+//! child: like for like).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -83,6 +85,11 @@ fn options() -> Options {
                 o.smoke = true;
                 o.n = 10;
                 o.concs = vec![1, 8];
+                // With the test bed up, the datastore rows too, small:
+                // both binaries, 5 pods a row, a burst of 10.
+                if std::env::var_os("TESTBED_API").is_some() && o.datastores.is_none() {
+                    o.datastores = Some((5, 10));
+                }
                 i -= 1;
             }
             "--datastores" => {

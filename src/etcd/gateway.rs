@@ -23,8 +23,9 @@ use tokio::time::Instant;
 
 use super::endpoints::{Endpoints, Failed, Round};
 use super::{
-    Compare, Credentials, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, Txn, TxnResponse,
+    Compare, Credentials, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, Read, Txn, TxnResponse,
 };
+use crate::connection_gate::ConnectionGate;
 
 /// How long connecting to one member may take before the next is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -44,6 +45,8 @@ pub struct Gateway {
     /// The token `/v3/auth/authenticate` gave for them (simple tokens are
     /// the cluster's, not one member's: any endpoint takes it).
     token: Arc<tokio::sync::Mutex<Option<String>>>,
+    /// The call's first request opens the connection alone (HTTP/2).
+    gate: Arc<ConnectionGate>,
 }
 
 impl Gateway {
@@ -71,6 +74,9 @@ impl Gateway {
             .with_tls_config(Arc::unwrap_or_clone(tls))
             .https_or_http()
             .enable_http1()
+            // ALPN h2 first: etcd serves its gateway over HTTP/2 too (one
+            // connection for every request of the call).
+            .enable_http2()
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(Gateway {
@@ -78,6 +84,7 @@ impl Gateway {
             endpoints,
             credentials: conf.credentials.clone(),
             token: Arc::default(),
+            gate: Arc::default(),
         })
     }
 
@@ -185,7 +192,13 @@ impl Gateway {
             error: EtcdError::Config(format!("etcd endpoint {endpoint:?}: {e}")),
             try_next: true,
         })?;
-        let response = self.client.request(request).await.map_err(|e| {
+        let turn = self.gate.turn().await;
+        let sent = self.client.request(request).await;
+        if sent.is_ok() {
+            self.gate.answered();
+        }
+        drop(turn);
+        let response = sent.map_err(|e| {
             // Not connected: the request never reached the member.
             let try_next = e.is_connect();
             let mut text = e.to_string();
@@ -241,9 +254,13 @@ impl Gateway {
         key: &str,
         range_end: Option<&[u8]>,
         keys_only: bool,
+        read: Read,
         deadline: Instant,
     ) -> Result<Vec<KeyValue>, EtcdError> {
         let mut body = json!({ "key": B64.encode(key) });
+        if read == Read::Serializable {
+            body["serializable"] = json!(true);
+        }
         if let Some(end) = range_end {
             body["range_end"] = json!(B64.encode(end));
         }

@@ -123,9 +123,13 @@ impl Grpc {
         key: &str,
         range_end: Option<&[u8]>,
         keys_only: bool,
+        read: super::Read,
         deadline: Instant,
     ) -> Result<Vec<KeyValue>, EtcdError> {
         let mut options = GetOptions::new();
+        if read == super::Read::Serializable {
+            options = options.with_serializable();
+        }
         if let Some(end) = range_end {
             options = options.with_range(end);
         }

@@ -4,8 +4,8 @@
 //! [`REQUEST_TIMEOUT`] and the invocation's deadline. A leaf: it knows
 //! nothing of Calico's keys (the datastore's etcd backend does).
 //!
-//! The transport is etcd's own gRPC gateway (JSON over HTTP/1.1 on the
-//! client port), on the hyper and rustls the Kubernetes client already
+//! The transport is etcd's own gRPC gateway (JSON over HTTP/2, or HTTP/1.1
+//! where a member offers no h2, on the client port), on the hyper and rustls the Kubernetes client already
 //! links: BENCHMARKS.md has the measurements against the etcd-client crate
 //! (gRPC over tonic) that made the choice.
 
@@ -184,17 +184,36 @@ impl EtcdClient {
     pub async fn get(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
         let mut kvs = self
             .transport
-            .range(key, None, false, self.deadline)
+            .range(key, None, false, Read::Linearizable, self.deadline)
             .await?;
         Ok(kvs.pop())
     }
 
     /// Every key under `prefix` (with values unless `keys_only`), in key
-    /// order.
+    /// order, as of now (a linearizable read: the member asks the leader
+    /// how far the cluster has got first).
     pub async fn list(&self, prefix: &str, keys_only: bool) -> Result<Vec<KeyValue>, EtcdError> {
         let end = prefix_end(prefix.as_bytes());
         self.transport
-            .range(prefix, Some(&end), keys_only, self.deadline)
+            .range(
+                prefix,
+                Some(&end),
+                keys_only,
+                Read::Linearizable,
+                self.deadline,
+            )
+            .await
+    }
+
+    /// [`EtcdClient::list`] as the member that answers has it, which may
+    /// lag the cluster by the last few writes (a serializable read: no
+    /// round to the leader), as the Kubernetes API server's watch cache
+    /// serves lists. For data a writer checks again anyway (every write is
+    /// compare-and-swap on what it read).
+    pub async fn list_local(&self, prefix: &str) -> Result<Vec<KeyValue>, EtcdError> {
+        let end = prefix_end(prefix.as_bytes());
+        self.transport
+            .range(prefix, Some(&end), false, Read::Serializable, self.deadline)
             .await
     }
 
@@ -208,6 +227,15 @@ impl EtcdClient {
     pub async fn status(&self) -> Result<String, EtcdError> {
         self.transport.status(self.deadline).await
     }
+}
+
+/// How current a range must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// As of now: the member confirms with the leader first.
+    Linearizable,
+    /// As the member answering has applied it.
+    Serializable,
 }
 
 /// The smallest key after every key that starts with `prefix`.

@@ -79,7 +79,7 @@ impl Ipam for ExecIpam {
     }
 
     async fn start(&self, command: Command) -> Result<Pending> {
-        Ok(Pending(Some(self.plugin.spawn(command).await?)))
+        Ok(Pending(Some(self.plugin.spawn(command).await?), None))
     }
 
     async fn add(&self, config: &Value, pending: Pending) -> Result<CniResult> {

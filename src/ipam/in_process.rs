@@ -78,8 +78,29 @@ impl Ipam for InProcessIpam {
         super::CALICO_IPAM
     }
 
-    async fn start(&self, _command: Command) -> Result<Pending> {
-        Ok(Pending::none())
+    /// A DEL's reads (IPAMConfig, the handles) start now, in a task of
+    /// their own, while the caller waits for the kernel to delete the
+    /// interface; the release writes only once it is called.
+    async fn start(&self, command: Command) -> Result<Pending> {
+        if command != Command::Del {
+            return Ok(Pending::none());
+        }
+        let store = Arc::clone(&self.store);
+        let host = self.setup.host.clone();
+        let handles = verbs::release_handles(&self.network, &self.env);
+        let deadline = self.deadline;
+        let reads = tokio::spawn(async move {
+            let read = verbs::read_release(store.as_ref(), &host, &handles);
+            match tokio::time::timeout_at(deadline, read).await {
+                Ok(Ok(inputs)) => Some(inputs),
+                Ok(Err(e)) => {
+                    tracing::debug!("reading ahead of the release: {e}");
+                    None
+                }
+                Err(_) => None,
+            }
+        });
+        Ok(Pending(None, Some(reads)))
     }
 
     async fn add(&self, config: &Value, _pending: Pending) -> Result<CniResult> {
@@ -90,8 +111,13 @@ impl Ipam for InProcessIpam {
         verbs::add(&self.call(), &self.request(Command::Add, config, Some(ip))?).await
     }
 
-    async fn del(&self, config: &Value, _pending: Pending) -> Result<()> {
-        verbs::del(&self.call(), &self.request(Command::Del, config, None)?).await
+    async fn del(&self, config: &Value, pending: Pending) -> Result<()> {
+        let req = self.request(Command::Del, config, None)?;
+        let ahead = match pending.1 {
+            Some(reads) => reads.await.ok().flatten(),
+            None => None,
+        };
+        verbs::del_from(&self.call(), &req, ahead).await
     }
 
     async fn check(&self, config: &Value) -> Result<()> {

@@ -15,11 +15,11 @@ pub mod host_local;
 pub mod host_local_gc;
 mod in_process;
 mod personality;
+mod same_executable;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
@@ -40,15 +40,20 @@ pub use personality::handle;
 /// The IPAM plugin's type that this executable implements.
 pub const CALICO_IPAM: &str = "calico-ipam";
 
-/// An IPAM call started early (an exec'd plugin's start-up then overlaps
-/// other work); the plugin acts on nothing until it is given its config.
-/// In process there is nothing to start.
-pub struct Pending(Option<Running>);
+/// An IPAM call started early, so that its start overlaps other work (the
+/// kernel's deletion of the interface, for a DEL): an exec'd plugin's
+/// start-up (it acts on nothing until it is given its config), or, in
+/// process, a release's reads (it writes nothing until it is called).
+pub struct Pending(Option<Running>, Option<ReleaseAhead>);
+
+/// A release's reads, made in a task of their own (`None`: they failed,
+/// and the release reads again).
+type ReleaseAhead = tokio::task::JoinHandle<Option<calico::verbs::ReleaseInputs>>;
 
 impl Pending {
     /// Nothing started: the call starts when it is made.
     pub fn none() -> Pending {
-        Pending(None)
+        Pending(None, None)
     }
 }
 
@@ -155,18 +160,6 @@ pub fn release_config(req: &Request) -> Value {
     config
 }
 
-/// Whether `a` and `b` are the same executable: one file (a symlink or a
-/// hard link to it), or copies with the same bytes.
-fn same_executable(a: &Path, b: &Path) -> bool {
-    let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) else {
-        return false;
-    };
-    if (ma.dev(), ma.ino()) == (mb.dev(), mb.ino()) {
-        return true;
-    }
-    ma.len() == mb.len() && matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y)
-}
-
 /// Whether calico-ipam runs in this process: it is the configured IPAM and
 /// the `calico-ipam` that `CNI_PATH` finds is this executable.
 pub fn runs_in_process(conf: &NetConf, path: &[PathBuf]) -> bool {
@@ -176,5 +169,5 @@ pub fn runs_in_process(conf: &NetConf, path: &[PathBuf]) -> bool {
     let (Ok(found), Ok(me)) = (find_in_path(CALICO_IPAM, path), std::env::current_exe()) else {
         return false;
     };
-    same_executable(&found, &me)
+    same_executable::same_executable(&found, &me)
 }

@@ -135,6 +135,8 @@ pub struct K8sClient {
     credentials: Credentials,
     deadline: Instant,
     pods: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(String, String), Pod>>>,
+    /// The call's first request opens the connection alone (HTTP/2).
+    opening: std::sync::Arc<crate::connection_gate::ConnectionGate>,
 }
 
 /// `https://host:6443/api/v1/...` → `https://host:6443` (Calico strips the
@@ -213,11 +215,8 @@ fn build_client(
     auth: Option<kube::client::middleware::AuthLayer>,
 ) -> Result<kube::Client, K8sError> {
     use kube::client::ConfigExt;
-    let https = config.rustls_https_connector().map_err(|e| {
-        K8sError::Config(format!("failed to set up TLS for the Kubernetes API: {e}"))
-    })?;
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build(https);
+        .build(https_connector(config)?);
     let authorization = token
         .map(|t| {
             let mut value = http::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
@@ -247,6 +246,38 @@ fn build_client(
         .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
         .service(http);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
+
+/// HTTPS to the API server offering HTTP/2 (ALPN `h2`, then `http/1.1`),
+/// as client-go does: every request of a call then shares one connection
+/// and one TLS handshake, however many are in flight at once (kube's own
+/// connector offers HTTP/1.1 only: a connection, and a handshake on both
+/// sides, per concurrent request). The TLS settings are kube's (the
+/// kubeconfig's CA, client certificate, `tls-server-name`).
+fn https_connector(
+    config: &kube::Config,
+) -> Result<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    K8sError,
+> {
+    use kube::client::ConfigExt;
+    let fail = |e: &dyn std::fmt::Display| {
+        K8sError::Config(format!("failed to set up TLS for the Kubernetes API: {e}"))
+    };
+    let tls = config.rustls_client_config().map_err(|e| fail(&e))?;
+    let mut builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|e| fail(&format!("tls-server-name {name:?}: {e}")))?;
+        builder =
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    Ok(builder.enable_http1().enable_http2().wrap_connector(http))
 }
 
 fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, K8sError> {
@@ -397,6 +428,7 @@ impl K8sClient {
             credentials,
             deadline,
             pods: Default::default(),
+            opening: Default::default(),
         })
     }
 
@@ -493,8 +525,18 @@ impl K8sClient {
         for attempt in 1.. {
             let remaining = self.deadline.saturating_duration_since(Instant::now());
             let limit = remaining.min(REQUEST_TIMEOUT);
-            let sent =
-                tokio::time::timeout(limit, self.client.request::<T>(clone_request(&request)));
+            let sent = tokio::time::timeout(limit, async {
+                let turn = self.opening.turn().await;
+                let answer = self.client.request::<T>(clone_request(&request)).await;
+                if !matches!(
+                    &answer,
+                    Err(kube::Error::HyperError(_) | kube::Error::Service(_))
+                ) {
+                    self.opening.answered();
+                }
+                drop(turn);
+                answer
+            });
             return match sent.await {
                 Err(_) if limit < REQUEST_TIMEOUT => Err(K8sError::Timeout(format!(
                     "{what}: no answer from the Kubernetes API server within the deadline"

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::{
     DatastoreError, Kind, ListFilter, Precondition, Store, meta_field, random_uuid, rfc3339_utc,
 };
-use crate::etcd::{Compare, EtcdClient, Op, OpResponse, Txn};
+use crate::etcd::{Compare, EtcdClient, Op, OpResponse, Read, Txn};
 
 /// Calico's objects on an etcd v3 cluster.
 pub struct EtcdStore {
@@ -94,30 +94,20 @@ impl EtcdStore {
     }
 }
 
-#[async_trait::async_trait]
-impl Store for EtcdStore {
-    async fn get_object(
-        &self,
-        kind: &'static Kind,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Value>, DatastoreError> {
-        let key = codec::key_of(kind, namespace, name)?;
-        match self.client.get(&key).await? {
-            Some(kv) => Self::decode_one(kind, &kv),
-            None => Ok(None),
-        }
-    }
-
-    async fn list_objects(
+impl EtcdStore {
+    async fn list_read(
         &self,
         kind: &'static Kind,
         namespace: &str,
         filter: &ListFilter,
+        read: Read,
     ) -> Result<Vec<Value>, DatastoreError> {
         let prefix = codec::list_prefix(kind, namespace, filter);
         let kvs = if prefix.ends_with('/') || matches!(filter, ListFilter::NamePrefix(_)) {
-            self.client.list(&prefix, false).await?
+            match read {
+                Read::Serializable => self.client.list_local(&prefix).await?,
+                Read::Linearizable => self.client.list(&prefix, false).await?,
+            }
         } else {
             self.client.get(&prefix).await?.into_iter().collect()
         };
@@ -136,6 +126,44 @@ impl Store for EtcdStore {
         }
         objects.sort_by(|a, b| meta_field(a, "name").cmp(meta_field(b, "name")));
         Ok(objects)
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for EtcdStore {
+    async fn get_object(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, DatastoreError> {
+        let key = codec::key_of(kind, namespace, name)?;
+        match self.client.get(&key).await? {
+            Some(kv) => Self::decode_one(kind, &kv),
+            None => Ok(None),
+        }
+    }
+
+    /// As the member that answers has them (a serializable read, as the
+    /// API server's watch cache serves the Kubernetes datastore's lists).
+    async fn list_objects(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        filter: &ListFilter,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        self.list_read(kind, namespace, filter, Read::Serializable)
+            .await
+    }
+
+    async fn list_objects_latest(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        filter: &ListFilter,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        self.list_read(kind, namespace, filter, Read::Linearizable)
+            .await
     }
 
     async fn create_object(

@@ -3,9 +3,10 @@
 //! BlockAffinity, the block, the affinity confirmed), then, unless
 //! strictAffinity, borrowing from other hosts' blocks. Every write is
 //! compare-and-swap on the revision read, retried a bounded number of
-//! times; deletes are soft first (`deleted: true`, then a delete on that
-//! revision) so that readers, which ignore soft-deleted objects, never act
-//! on an object that is going away.
+//! times; block and affinity deletes are soft first (`deleted: true`, then
+//! a delete on that revision) so that readers, which ignore soft-deleted
+//! objects, never act on an object that is going away; a handle, read only
+//! by its own container's calls and GC, is deleted in one compare-and-swap.
 //!
 //! Write order (so that a crash leaves at worst a handle without an
 //! address, which the handle's release cleans up, never an address
@@ -69,6 +70,31 @@ struct FamilyOutcome {
     messages: Vec<String>,
 }
 
+/// What an auto-assignment reads besides the blocks: IPAMConfig, the
+/// pools, the reservations and this host's BlockAffinities of each family
+/// asked for. Read ahead (before the host lock, all at once: see
+/// [`Allocator::read_ahead`]) they keep the lock for the block's reads and
+/// writes alone; the affinities may then have changed by the time the lock
+/// is held (another ADD of this host claimed a block meanwhile), so they
+/// are read again before a block is claimed.
+pub struct Inputs {
+    config: IpamConfigSpec,
+    pools: Vec<IpPool>,
+    reserved: Vec<IpNet>,
+    /// This host's affinities, IPv4 and IPv6 (`None`: that family is not
+    /// asked for).
+    affinities: [Option<Vec<BlockAffinity>>; 2],
+    /// Read before the host lock was held.
+    ahead: bool,
+}
+
+/// One family's affinities as an assignment got them.
+struct Affinities {
+    list: Vec<BlockAffinity>,
+    /// Read before the host lock: read again before a block is claimed.
+    ahead: bool,
+}
+
 /// The allocator for one host.
 pub struct Allocator<'a> {
     store: &'a dyn Store,
@@ -124,6 +150,12 @@ impl<'a> Allocator<'a> {
             config: tokio::sync::OnceCell::new(),
             latest_pools: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The allocator with IPAMConfig as already read.
+    pub fn with_config(self, config: IpamConfigSpec) -> Allocator<'a> {
+        let _ = self.config.set(config);
+        self
     }
 
     fn affinity_value(&self) -> String {
@@ -281,6 +313,8 @@ impl<'a> Allocator<'a> {
     }
 
     /// Adds `n` addresses in `cidr` to the handle, creating it if absent.
+    /// A handle is new but for a retried ADD: created first, read only
+    /// when it exists.
     async fn increment_handle(
         &self,
         handle: &str,
@@ -290,11 +324,14 @@ impl<'a> Allocator<'a> {
         let name = handle_name_on(self.store.backend(), handle);
         let what = format!("error updating IPAMHandle({name})");
         for attempt in 0..CAS_ATTEMPTS {
-            let current = self
-                .store
-                .get::<IpamHandle>("", &name)
-                .await
-                .map_err(ds(what.clone()))?;
+            let current = if attempt == 0 {
+                None
+            } else {
+                self.store
+                    .get::<IpamHandle>("", &name)
+                    .await
+                    .map_err(ds(what.clone()))?
+            };
             let result = match current {
                 None => {
                     let mut fresh = IpamHandle::new(
@@ -352,9 +389,8 @@ impl<'a> Allocator<'a> {
                 }
             }
             let result = if h.spec.block.is_empty() {
-                self.store
-                    .soft_delete(&mut h, |h| h.spec.deleted = true)
-                    .await
+                // As in release_by_handle: one compare-and-swap delete.
+                self.store.delete_as_read(&h).await
             } else {
                 self.store.update(&mut h).await.map(|_| ())
             };
@@ -396,19 +432,92 @@ impl<'a> Allocator<'a> {
     /// Auto-assigns per family; all or nothing: a family that falls short
     /// (or fails) releases what the other got.
     pub async fn auto_assign(&self, req: &AutoAssign<'_>) -> Result<Assigned, IpamError> {
-        self.with_latest_pools(|| self.auto_assign_once(req)).await
+        self.auto_assign_from(req, None).await
     }
 
-    async fn auto_assign_once(&self, req: &AutoAssign<'_>) -> Result<Assigned, IpamError> {
-        let (config, pools, reserved) =
-            futures::future::try_join3(self.config(), self.pools(), self.reservations()).await?;
+    /// [`Allocator::auto_assign`] from the inputs [`Allocator::read_ahead`]
+    /// read (`None`: read now).
+    pub async fn auto_assign_from(
+        &self,
+        req: &AutoAssign<'_>,
+        ahead: Option<Inputs>,
+    ) -> Result<Assigned, IpamError> {
+        let ahead = std::sync::Mutex::new(ahead);
+        self.with_latest_pools(|| async {
+            let early = ahead.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let inputs = match early {
+                Some(inputs) => inputs,
+                None => self.inputs(req, false).await?,
+            };
+            self.auto_assign_once(req, inputs).await
+        })
+        .await
+    }
+
+    /// Reads an auto-assignment's inputs before the host lock is held.
+    pub async fn read_ahead(&self, req: &AutoAssign<'_>) -> Result<Inputs, IpamError> {
+        self.inputs(req, true).await
+    }
+
+    async fn inputs(&self, req: &AutoAssign<'_>, ahead: bool) -> Result<Inputs, IpamError> {
+        let family = async |v6: bool, num: usize| {
+            if num == 0 {
+                Ok(None)
+            } else {
+                self.host_affinities(v6).await.map(Some)
+            }
+        };
+        let (config, pools, reserved, v4, v6) = futures::future::try_join5(
+            self.config(),
+            self.pools(),
+            self.reservations(),
+            family(false, req.num4),
+            family(true, req.num6),
+        )
+        .await?;
+        Ok(Inputs {
+            config,
+            pools,
+            reserved,
+            affinities: [v4, v6],
+            ahead,
+        })
+    }
+
+    async fn auto_assign_once(
+        &self,
+        req: &AutoAssign<'_>,
+        inputs: Inputs,
+    ) -> Result<Assigned, IpamError> {
+        let Inputs {
+            config,
+            pools,
+            reserved,
+            affinities: [affinities4, affinities6],
+            ahead,
+        } = inputs;
         let mut assigned = Assigned::default();
-        for (v6, num, requested) in [(false, req.num4, req.pools4), (true, req.num6, req.pools6)] {
+        for (v6, num, requested, affinities) in [
+            (false, req.num4, req.pools4, affinities4),
+            (true, req.num6, req.pools6, affinities6),
+        ] {
             if num == 0 {
                 continue;
             }
             let outcome = self
-                .assign_family(v6, num, requested, req, &config, &pools, &reserved)
+                .assign_family(
+                    v6,
+                    num,
+                    requested,
+                    req,
+                    &config,
+                    &pools,
+                    &reserved,
+                    Affinities {
+                        list: affinities.unwrap_or_default(),
+                        ahead,
+                    },
+                )
                 .await;
             let short = match outcome {
                 Ok(o) if o.ips.len() == num => {
@@ -470,6 +579,7 @@ impl<'a> Allocator<'a> {
         config: &IpamConfigSpec,
         all_pools: &[IpPool],
         reserved_nets: &[IpNet],
+        affinities: Affinities,
     ) -> Result<FamilyOutcome, IpamError> {
         let pools = if requested.is_empty() {
             automatic_pools(all_pools, v6, self.host, req.labels).await?
@@ -482,31 +592,30 @@ impl<'a> Allocator<'a> {
         let mut ips = Vec::new();
         let mut messages = Vec::new();
 
-        // 1. This host's blocks.
-        let affinities = self.host_affinities(v6).await?;
-        let mut affine: Vec<IpNet> = Vec::new();
-        for a in &affinities {
-            let Ok(cidr) = a.spec.cidr.parse::<IpNet>() else {
-                continue;
-            };
-            if a.spec.state == AFFINITY_PENDING {
-                // A claim that stopped half way: finish or undo it.
-                if self.settle_pending(a.clone(), &cidr).await? {
-                    affine.push(cidr);
+        // 1. This host's blocks (those read ahead, then any claimed since).
+        let from_affine = async |cidrs: &[IpNet], ips: &mut Vec<IpNet>| {
+            for cidr in cidrs.iter().filter(|c| in_pools(c)) {
+                if ips.len() == num {
+                    break;
                 }
-            } else if a.spec.state == AFFINITY_CONFIRMED {
-                affine.push(cidr);
+                let got = self
+                    .assign_from_block(cidr, num - ips.len(), req, &reserved, true)
+                    .await?;
+                ips.extend(got);
             }
-        }
-        affine.sort();
-        for cidr in affine.iter().filter(|c| in_pools(c)) {
-            if ips.len() == num {
-                break;
-            }
-            let got = self
-                .assign_from_block(cidr, num - ips.len(), req, &reserved, true)
-                .await?;
-            ips.extend(got);
+            Ok::<_, IpamError>(())
+        };
+        let mut affine = self.affine_blocks(affinities.list).await?;
+        from_affine(&affine, &mut ips).await?;
+        if ips.len() < num && affinities.ahead {
+            let claimed_since: Vec<IpNet> = self
+                .affine_blocks(self.host_affinities(v6).await?)
+                .await?
+                .into_iter()
+                .filter(|c| !affine.contains(c))
+                .collect();
+            from_affine(&claimed_since, &mut ips).await?;
+            affine.extend(claimed_since);
         }
 
         // 2. New blocks.
@@ -587,6 +696,27 @@ impl<'a> Allocator<'a> {
             messages.push(format!("No IPs available in pools: {nets:?}"));
         }
         Ok(FamilyOutcome { ips, messages })
+    }
+
+    /// The blocks of these affinities that are this host's (a pending one,
+    /// a claim that stopped half way, is finished or undone first), in
+    /// address order.
+    async fn affine_blocks(&self, affinities: Vec<BlockAffinity>) -> Result<Vec<IpNet>, IpamError> {
+        let mut affine: Vec<IpNet> = Vec::new();
+        for a in affinities {
+            let Ok(cidr) = a.spec.cidr.parse::<IpNet>() else {
+                continue;
+            };
+            if a.spec.state == AFFINITY_PENDING {
+                if self.settle_pending(a, &cidr).await? {
+                    affine.push(cidr);
+                }
+            } else if a.spec.state == AFFINITY_CONFIRMED {
+                affine.push(cidr);
+            }
+        }
+        affine.sort();
+        Ok(affine)
     }
 
     /// Takes up to `n` addresses from the block for the request's handle:
@@ -887,15 +1017,39 @@ impl<'a> Allocator<'a> {
         }
     }
 
+    /// The handle as it is now (`None`: absent), read ahead of
+    /// [`Allocator::release_by_handle`] (before the host lock).
+    pub async fn read_handle(&self, handle: &str) -> Result<Option<IpamHandle>, IpamError> {
+        let name = handle_name_on(self.store.backend(), handle);
+        self.live_handle(&name, &format!("error releasing IPAMHandle({name})"))
+            .await
+    }
+
     /// Frees every address of `handle` and deletes it; the number freed,
     /// `None` when the handle does not exist.
     pub async fn release_by_handle(&self, handle: &str) -> Result<Option<usize>, IpamError> {
+        self.release_handle_from(handle, None).await
+    }
+
+    /// [`Allocator::release_by_handle`] starting from the handle as
+    /// [`Allocator::read_handle`] read it (`None`: read now; a handle
+    /// written since makes its delete conflict and the release start over).
+    pub async fn release_handle_from(
+        &self,
+        handle: &str,
+        ahead: Option<Option<IpamHandle>>,
+    ) -> Result<Option<usize>, IpamError> {
         let name = handle_name_on(self.store.backend(), handle);
         let what = format!("error releasing IPAMHandle({name})");
         let mut freed = 0;
         let stamp = self.release_stamp().await?;
+        let mut ahead = ahead;
         for _ in 0..CAS_ATTEMPTS {
-            let Some(mut h) = self.live_handle(&name, &what).await? else {
+            let current = match ahead.take() {
+                Some(read) => read,
+                None => self.live_handle(&name, &what).await?,
+            };
+            let Some(h) = current else {
                 return Ok((freed > 0).then_some(freed));
             };
             for cidr in h.spec.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {
@@ -905,11 +1059,10 @@ impl<'a> Allocator<'a> {
                     })
                     .await?;
             }
-            match self
-                .store
-                .soft_delete(&mut h, |h| h.spec.deleted = true)
-                .await
-            {
+            // One compare-and-swap delete on the revision read: a handle
+            // is read only by its own container's calls and GC, which see
+            // it gone either way (no `deleted` mark written first).
+            match self.store.delete_as_read(&h).await {
                 Ok(()) | Err(DatastoreError::NotFound(_)) => return Ok(Some(freed)),
                 // Written meanwhile (an ADD under the same handle): again.
                 Err(DatastoreError::Conflict(_)) => continue,

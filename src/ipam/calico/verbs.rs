@@ -17,10 +17,13 @@ use super::block::OwnerSlot;
 use super::kubevirt::{self, VmiInfo};
 use super::lock;
 use super::pools::{SelectorLabels, automatic_pools, requested_pools};
+use crate::cni::env::CniEnv;
 use crate::cni::result::{IpConfig, Route};
 use crate::cni::{CniResult, Error, Request, Result};
 use crate::datastore::endpoints::NamespaceLabels;
-use crate::datastore::ipam_model::{ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_TIMESTAMP, Node};
+use crate::datastore::ipam_model::{
+    ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_TIMESTAMP, IpamConfigSpec, IpamHandle, Node,
+};
 use crate::datastore::names::WepIdentifiers;
 use crate::datastore::{Store, go_time_utc};
 use crate::ipam::Owner;
@@ -74,12 +77,41 @@ pub fn handle_id(req: &Request) -> String {
     format!("{}.{}", req.conf.name, req.env.container_id)
 }
 
-/// The pre-v3 handle: `<namespace>.<pod>` for pods, else the container ID.
-fn workload_handle(req: &Request) -> String {
-    match req.env.args.k8s_pod() {
+/// The handles a DEL releases: `<network>.<container ID>` and the pre-v3
+/// one (`<namespace>.<pod>` for pods, else the container ID).
+pub fn release_handles(network: &str, env: &CniEnv) -> [String; 2] {
+    let legacy = match env.args.k8s_pod() {
         Some((ns, pod)) => format!("{ns}.{pod}"),
-        None => req.env.container_id.clone(),
-    }
+        None => env.container_id.clone(),
+    };
+    [format!("{network}.{}", env.container_id), legacy]
+}
+
+/// What a DEL reads before it writes: IPAMConfig (a cooldown) and its two
+/// handles ([`release_handles`]), all at once.
+pub struct ReleaseInputs {
+    config: IpamConfigSpec,
+    names: [String; 2],
+    handles: [Option<IpamHandle>; 2],
+}
+
+pub async fn read_release(
+    store: &dyn Store,
+    host: &str,
+    names: &[String; 2],
+) -> std::result::Result<ReleaseInputs, IpamError> {
+    let allocator = Allocator::new(store, host);
+    let (config, current, legacy) = futures::future::try_join3(
+        allocator.config(),
+        allocator.read_handle(&names[0]),
+        allocator.read_handle(&names[1]),
+    )
+    .await?;
+    Ok(ReleaseInputs {
+        config,
+        names: names.clone(),
+        handles: [current, legacy],
+    })
 }
 
 /// The node name as calico-ipam determines it (no nodename-file gate).
@@ -248,8 +280,28 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
         None => handle_id(req),
     };
     let attrs = attributes(call, req, vm.as_ref());
+    let ipam = &req.conf.ipam;
+    let labels = Labels { call, req };
+    let auto = AutoAssign {
+        num4: usize::from(ipam.assign_ipv4.as_deref() != Some("false")),
+        num6: usize::from(ipam.assign_ipv6.as_deref() == Some("true")),
+        handle: &handle,
+        attrs: &attrs,
+        pools4: &ipam.ipv4_pools,
+        pools6: &ipam.ipv6_pools,
+        max_blocks: 0,
+        labels: &labels,
+    };
     let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
     let work = async {
+        // An auto-assignment's reads other than the blocks', all at once
+        // and before the host lock: the lock covers the block's read and
+        // the writes alone.
+        let ahead = if vm.is_none() && req.env.args.ip.is_none() {
+            Some(allocator.read_ahead(&auto).await?)
+        } else {
+            None
+        };
         let _lock = lock::acquire(&lock_file, call.deadline).await;
         if let Some(vm) = &vm {
             let held = allocator.addresses_of(&handle).await?;
@@ -293,22 +345,7 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
             let ip = allocator.assign_ip(ip, &handle, &attrs).await?;
             return Ok::<_, IpamError>(result_for(&[IpNet::from(ip.addr())]));
         }
-        let ipam = &req.conf.ipam;
-        let num4 = usize::from(ipam.assign_ipv4.as_deref() != Some("false"));
-        let num6 = usize::from(ipam.assign_ipv6.as_deref() == Some("true"));
-        let labels = Labels { call, req };
-        let assigned = allocator
-            .auto_assign(&AutoAssign {
-                num4,
-                num6,
-                handle: &handle,
-                attrs: &attrs,
-                pools4: &ipam.ipv4_pools,
-                pools6: &ipam.ipv6_pools,
-                max_blocks: 0,
-                labels: &labels,
-            })
-            .await?;
+        let assigned = allocator.auto_assign_from(&auto, ahead).await?;
         let ips: Vec<IpNet> = assigned.v4.into_iter().chain(assigned.v6).collect();
         Ok(result_for(&ips))
     };
@@ -344,14 +381,40 @@ fn result_for(ips: &[IpNet]) -> CniResult {
 /// released only when no pod owns them any more and the VM (or a VMI
 /// without one) is being deleted.
 pub async fn del(call: &Call, req: &Request) -> Result<()> {
+    del_from(call, req, None).await
+}
+
+/// [`del`] from what [`read_release`] read ahead (`None`: read now).
+pub async fn del_from(call: &Call, req: &Request, ahead: Option<ReleaseInputs>) -> Result<()> {
     check_identifiers(req, &call.host)?;
-    let allocator = Allocator::new(call.store.as_ref(), &call.host);
+    let mut allocator = Allocator::new(call.store.as_ref(), &call.host);
+    let handles = release_handles(&req.conf.name, &req.env);
+    let ahead = ahead.filter(|a| a.names == handles);
+    if let Some(a) = &ahead {
+        allocator = allocator.with_config(a.config.clone());
+    }
     let mut vm = vm_of(call, req, true).await?;
     if vm.is_some() && !allocator.config().await?.kubevirt_persistence() {
         vm = None;
     }
     let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
     let work = async {
+        // The handles (and IPAMConfig, for a cooldown) read before the host
+        // lock (read ahead by the caller, or now): it covers the blocks'
+        // reads and the writes alone.
+        let ahead = match (&vm, ahead) {
+            (Some(_), _) => [None, None],
+            (None, Some(a)) => a.handles.map(Some),
+            (None, None) => {
+                let (_, current, legacy) = futures::future::try_join3(
+                    allocator.config(),
+                    allocator.read_handle(&handles[0]),
+                    allocator.read_handle(&handles[1]),
+                )
+                .await?;
+                [Some(current), Some(legacy)]
+            }
+        };
         let _lock = lock::acquire(&lock_file, call.deadline).await;
         if let (Some(vm), Some((namespace, pod))) = (&vm, req.env.args.k8s_pod()) {
             let handle = kubevirt::handle_id(&req.conf.name, &vm.namespace, &vm.name);
@@ -393,8 +456,8 @@ pub async fn del(call: &Call, req: &Request) -> Result<()> {
             }
             return Ok(());
         }
-        for handle in [handle_id(req), workload_handle(req)] {
-            if let Some(n) = allocator.release_by_handle(&handle).await? {
+        for (handle, read) in handles.iter().zip(ahead) {
+            if let Some(n) = allocator.release_handle_from(handle, read).await? {
                 tracing::info!(%handle, released = n, "calico-ipam released");
             }
         }
