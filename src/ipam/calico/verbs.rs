@@ -74,7 +74,11 @@ impl KubeAccess {
 
 /// The handle of an allocation: `<network name>.<container ID>`.
 pub fn handle_id(req: &Request) -> String {
-    format!("{}.{}", req.conf.name, req.env.container_id)
+    container_handle(&req.conf.name, &req.env.container_id)
+}
+
+fn container_handle(network: &str, container_id: &str) -> String {
+    format!("{network}.{container_id}")
 }
 
 /// The handles a DEL releases: `<network>.<container ID>` and the pre-v3
@@ -84,7 +88,7 @@ pub fn release_handles(network: &str, env: &CniEnv) -> [String; 2] {
         Some((ns, pod)) => format!("{ns}.{pod}"),
         None => env.container_id.clone(),
     };
-    [format!("{network}.{}", env.container_id), legacy]
+    [container_handle(network, &env.container_id), legacy]
 }
 
 /// What a DEL reads before it writes: IPAMConfig (a cooldown) and its two
@@ -100,18 +104,26 @@ pub async fn read_release(
     host: &str,
     names: &[String; 2],
 ) -> std::result::Result<ReleaseInputs, IpamError> {
-    let allocator = Allocator::new(store, host);
-    let (config, current, legacy) = futures::future::try_join3(
-        allocator.config(),
-        allocator.read_handle(&names[0]),
-        allocator.read_handle(&names[1]),
-    )
-    .await?;
-    Ok(ReleaseInputs {
-        config,
-        names: names.clone(),
-        handles: [current, legacy],
-    })
+    ReleaseInputs::read(&Allocator::new(store, host), names).await
+}
+
+impl ReleaseInputs {
+    async fn read(
+        allocator: &Allocator<'_>,
+        names: &[String; 2],
+    ) -> std::result::Result<ReleaseInputs, IpamError> {
+        let (config, current, legacy) = futures::future::try_join3(
+            allocator.config(),
+            allocator.read_handle(&names[0]),
+            allocator.read_handle(&names[1]),
+        )
+        .await?;
+        Ok(ReleaseInputs {
+            config,
+            names: names.clone(),
+            handles: [current, legacy],
+        })
+    }
 }
 
 /// The node name as calico-ipam determines it (no nodename-file gate).
@@ -405,15 +417,10 @@ pub async fn del_from(call: &Call, req: &Request, ahead: Option<ReleaseInputs>) 
         let ahead = match (&vm, ahead) {
             (Some(_), _) => [None, None],
             (None, Some(a)) => a.handles.map(Some),
-            (None, None) => {
-                let (_, current, legacy) = futures::future::try_join3(
-                    allocator.config(),
-                    allocator.read_handle(&handles[0]),
-                    allocator.read_handle(&handles[1]),
-                )
-                .await?;
-                [Some(current), Some(legacy)]
-            }
+            (None, None) => ReleaseInputs::read(&allocator, &handles)
+                .await?
+                .handles
+                .map(Some),
         };
         let _lock = lock::acquire(&lock_file, call.deadline).await;
         if let (Some(vm), Some((namespace, pod))) = (&vm, req.env.args.k8s_pod()) {
