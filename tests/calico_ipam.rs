@@ -683,6 +683,126 @@ fn v44_explicit_ip(_test: &str, w: &World) {
 on_all!(v44_explicit_ip);
 
 // ---------------------------------------------------------------------------
+// The blocks' copies kept under the host lock (src/ipam/calico/block_cache.rs):
+// a stale copy never wins, and a copy offering nothing is read again.
+
+fn block_copies_under_the_lock(_test: &str, w: &World) {
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let conf = w.conf();
+    let c1 = container_id();
+    let r = w.ipam("ADD", &c1, &conf, "").assert_ok().json();
+    let ip1 = address(&r, 0);
+    let block: IpNet = IpNet::new(ip1.addr(), 26).unwrap().trunc();
+    let copies = {
+        let mut name = w.lock_file.file_name().unwrap().to_os_string();
+        name.push(".blocks");
+        w.lock_file.with_file_name(name)
+    };
+    let copy_path = copies.join(block_name(&block));
+    if matches!(w.backend, Backend::Embedded) {
+        // The local store's reads cost no round trip: no copies.
+        assert!(!copy_path.exists(), "{}", copy_path.display());
+        w.ipam("DEL", &c1, &conf, "").assert_ok();
+        assert!(w.allocations().is_empty());
+        return;
+    }
+    let read_copy = || -> Value {
+        serde_json::from_slice(&std::fs::read(&copy_path).expect("the block's copy kept")).unwrap()
+    };
+    let copy = read_copy();
+    assert_eq!(
+        copy["block"]["metadata"]["name"],
+        json!(block_name(&block)),
+        "{copy}"
+    );
+
+    // Another writer, not under this lock, takes the very address the copy
+    // would hand out next: the copy is now stale.
+    let next = copy["block"]["spec"]["unallocated"][0]
+        .as_u64()
+        .expect("a free ordinal");
+    let taken = address_at(&block, next as usize);
+    let mut elsewhere = conf.clone();
+    elsewhere["ipam_lock_file"] = json!(w.dir.path().join("other.lock"));
+    let c2 = container_id();
+    w.ipam("ADD", &c2, &elsewhere, &format!("IP={taken}"))
+        .assert_ok();
+
+    // Under the lock, from the stale copy: its write loses, the block is
+    // read again, and the next address is another.
+    let c3 = container_id();
+    let mark = w.log().len();
+    let r = w.ipam("ADD", &c3, &conf, "").assert_ok().json();
+    if matches!(w.backend, Backend::Kdd) {
+        // The API server's side of it, in the debug log's requests.
+        let log = w.log()[mark..].to_string();
+        let block_request = |l: &&str, method: &str| {
+            l.contains(&format!("method={method} ")) && l.contains("/ipamblocks/")
+        };
+        let lines: Vec<&str> = log.lines().collect();
+        let put = lines
+            .iter()
+            .position(|l| block_request(l, "PUT"))
+            .expect("a block write");
+        assert!(
+            lines[put].contains("ok=false"),
+            "the stale copy's write should have lost: {log}"
+        );
+        assert!(
+            lines[put..].iter().any(|l| block_request(l, "GET")),
+            "the block read again after the lost write: {log}"
+        );
+    }
+    let ip3 = address(&r, 0).addr();
+    assert_ne!(ip3, taken, "a stale copy handed out a held address");
+    assert_ne!(ip3, ip1.addr());
+    assert_eq!(w.addresses_of(&format!("net1.{c2}")), [taken]);
+    assert_eq!(w.addresses_of(&format!("net1.{c3}")), [ip3]);
+    assert_eq!(w.allocations().len(), 3, "{:?}", w.allocations());
+
+    // With the copy as stored, the block is not read at all.
+    if matches!(w.backend, Backend::Kdd) {
+        let c5 = container_id();
+        let mark = w.log().len();
+        w.ipam("ADD", &c5, &conf, "").assert_ok();
+        let log = w.log()[mark..].to_string();
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("method=GET") && l.contains("/ipamblocks/")),
+            "a block read though its copy was current: {log}"
+        );
+        w.ipam("DEL", &c5, &conf, "").assert_ok();
+    }
+
+    // A copy saying the block is full (it is not) is read again before a
+    // new block is claimed: the next address is still from this block.
+    let mut full = read_copy();
+    let spec = &mut full["block"]["spec"];
+    let free: Vec<Value> = spec["unallocated"].as_array().unwrap().clone();
+    for o in free {
+        spec["allocations"][o.as_u64().unwrap() as usize] = json!(0);
+    }
+    spec["unallocated"] = json!([]);
+    std::fs::write(&copy_path, serde_json::to_vec(&full).unwrap()).unwrap();
+    let c4 = container_id();
+    let r = w.ipam("ADD", &c4, &conf, "").assert_ok().json();
+    let ip4 = address(&r, 0).addr();
+    assert!(
+        block.contains(&ip4),
+        "{ip4} not from {block}: a stale copy made a block claimed"
+    );
+    assert_eq!(w.affinities().len(), 1, "{:?}", w.affinities());
+
+    // Releases start from the copy too; everything goes.
+    for c in [&c1, &c2, &c3, &c4] {
+        w.ipam("DEL", c, &conf, "").assert_ok();
+    }
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+on_all!(block_copies_under_the_lock);
+
+// ---------------------------------------------------------------------------
 // 45: requested pools must exist and be enabled.
 
 fn v45_requested_and_disabled_pools(_test: &str, w: &World) {
@@ -735,7 +855,7 @@ fn v46_dual_stack_half_failure(_test: &str, w: &World) {
         assert!(w.handle(&format!("net1.{cid}")).is_none(), "handle kept");
         assert!(w.allocations().is_empty(), "{:?}", w.allocations());
     };
-    if w.backend == Backend::Embedded {
+    if matches!(w.backend, Backend::Embedded) {
         // No IPv6 pool at all (on the embedded store, whose pools are all
         // this test's).
         let cid = container_id();

@@ -32,7 +32,7 @@ pub enum Store {
 }
 
 impl Store {
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Store::Kdd => "kubernetes",
             Store::Etcd => "etcd",
@@ -57,6 +57,11 @@ pub struct Figures {
     pub burst_add_p99: Duration,
     pub cpu_add: Duration,
     pub cpu_del: Duration,
+    /// The servers' CPU (kube-apiserver, etcd) per call, all rounds, and
+    /// during the burst's ADDs.
+    pub server_add: Duration,
+    pub server_del: Duration,
+    pub burst_server: Duration,
     pub rss_kib: i64,
     pub requests_add: f64,
     pub requests_del: f64,
@@ -123,7 +128,43 @@ fn etcdctl(args: &[&str], input: Option<&str>) -> Result<String, Failure> {
 
 /// One round's ADD and DEL samples with their wall times, and whether it
 /// leaked.
-type RoundSamples = (Vec<Sample>, Duration, Vec<Sample>, Duration, bool);
+/// One round's samples: each phase's calls, its wall time and the CPU the
+/// datastore's servers (kube-apiserver, etcd) spent during it.
+struct RoundSamples {
+    adds: Vec<Sample>,
+    add_wall: Duration,
+    add_server: Duration,
+    dels: Vec<Sample>,
+    del_wall: Duration,
+    del_server: Duration,
+    leaked: bool,
+}
+
+/// The CPU time (user + system) the datastore's server processes of this
+/// machine (kube-apiserver, etcd) have used so far.
+fn server_cpu() -> Duration {
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let mut ticks = 0u64;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !(head.ends_with("(kube-apiserver") || head.ends_with("(etcd")) {
+            continue;
+        }
+        // After the name: state is field 3, utime 14 and stime 15.
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        ticks += f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Duration::from_secs_f64(ticks as f64 / tick)
+}
 
 /// The bench's world on one datastore: a node, a pool selecting only it,
 /// pods (Kubernetes) and the config both binaries get.
@@ -247,6 +288,11 @@ impl World {
             "log_file_path": dir.join("cni.log"), "ipam_lock_file": dir.join("ipam.lock"),
             "mtu": 1450, "ipam": {"type": "calico-ipam"},
         });
+        // BENCH_LOG_LEVEL=debug: a profile's log, kept in /tmp.
+        if let Ok(level) = std::env::var("BENCH_LOG_LEVEL") {
+            conf["log_level"] = json!(level);
+            conf["log_file_path"] = json!(format!("/tmp/bench-{}-{side}.log", self.store.label()));
+        }
         match self.store {
             Store::Kdd => {
                 let kubeconfig = match kubeconfig {
@@ -357,12 +403,15 @@ impl World {
         let before = (veths(), self.allocated()?);
         let cid = |i: usize| format!("{tag}{i:04}");
         let netns = |i: usize| format!("/var/run/netns/{tag}-{i}");
+        let start = server_cpu();
         let (adds, add_wall) = phase(n, conc, |i| {
             self.call(b, conf, "ADD", i, &cid(i), &netns(i))
         });
+        let added = server_cpu();
         let (dels, del_wall) = phase(n, conc, |i| {
             self.call(b, conf, "DEL", i, &cid(i), &netns(i))
         });
+        let deleted = server_cpu();
         let after = (veths(), self.allocated()?);
         for i in 0..n {
             sh("ip", &["netns", "del", &format!("{tag}-{i}")]);
@@ -375,7 +424,15 @@ impl World {
                 b.label
             );
         }
-        Ok((adds, add_wall, dels, del_wall, leaked))
+        Ok(RoundSamples {
+            adds,
+            add_wall,
+            add_server: added.saturating_sub(start),
+            dels,
+            del_wall,
+            del_server: deleted.saturating_sub(added),
+            leaked,
+        })
     }
 
     /// Everything for one binary: the rounds at each concurrency, the
@@ -391,9 +448,22 @@ impl World {
         let conf = self.conf(side, None, None)?;
         let mut f = Figures::default();
         let mut cpu = (Vec::new(), Vec::new());
+        let (mut server, mut calls) = ((Duration::ZERO, Duration::ZERO), (0, 0));
         for &conc in concs {
             let tag = format!("d{}{}{conc}", std::process::id() % 1000, &side[..1]);
-            let (adds, aw, dels, dw, leaked) = self.round(b, &conf, n, conc, &tag)?;
+            let RoundSamples {
+                adds,
+                add_wall: aw,
+                add_server,
+                dels,
+                del_wall: dw,
+                del_server,
+                leaked,
+            } = self.round(b, &conf, n, conc, &tag)?;
+            server.0 += add_server;
+            server.1 += del_server;
+            calls.0 += adds.len();
+            calls.1 += dels.len();
             f.failures += adds.iter().chain(&dels).filter(|s| !s.ok).count();
             if let Some(s) = adds.iter().chain(&dels).find(|s| !s.ok) {
                 println!(
@@ -417,10 +487,25 @@ impl World {
             f.del.insert(conc, stats(&dels, dw));
         }
         let tag = format!("d{}{}b", std::process::id() % 1000, &side[..1]);
-        let (adds, wall, dels, _, leaked) = self.round(b, &conf, burst, burst, &tag)?;
+        let RoundSamples {
+            adds,
+            add_wall: wall,
+            add_server,
+            dels,
+            del_server,
+            leaked,
+            ..
+        } = self.round(b, &conf, burst, burst, &tag)?;
         f.failures += adds.iter().chain(&dels).filter(|s| !s.ok).count();
         f.leaked |= leaked;
         f.burst_wall = wall;
+        f.burst_server = add_server;
+        server.0 += add_server;
+        server.1 += del_server;
+        calls.0 += adds.len();
+        calls.1 += dels.len();
+        f.server_add = server.0 / calls.0.max(1) as u32;
+        f.server_del = server.1 / calls.1.max(1) as u32;
         let mut t: Vec<Duration> = adds.iter().map(|s| s.elapsed).collect();
         t.sort();
         f.burst_add_p99 = percentile(&t, 99);
@@ -605,16 +690,19 @@ pub fn report(rows: &[(Store, &str, &Figures)]) -> bool {
         bad |= f.failures > 0 || f.leaked;
     }
     println!(
-        "\n| datastore | binary | burst: all networked s | burst: ADD p99 ms | CPU/ADD ms | CPU/DEL ms | peak RSS KiB | requests/ADD | requests/DEL | bytes/ADD | bytes/DEL | failures | leaks |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "\n| datastore | binary | burst: all networked s | burst: ADD p99 ms | burst: server CPU s | CPU/ADD ms | CPU/DEL ms | server CPU/ADD ms | server CPU/DEL ms | peak RSS KiB | requests/ADD | requests/DEL | bytes/ADD | bytes/DEL | failures | leaks |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (store, label, f) in rows {
         println!(
-            "| {} | {label} | {:.2} | {} | {} | {} | {} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {} |",
+            "| {} | {label} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {} |",
             store.label(),
             f.burst_wall.as_secs_f64(),
             ms(f.burst_add_p99),
+            f.burst_server.as_secs_f64(),
             ms(f.cpu_add),
             ms(f.cpu_del),
+            ms(f.server_add),
+            ms(f.server_del),
             f.rss_kib,
             f.requests_add,
             f.requests_del,

@@ -39,10 +39,13 @@ const CNI_BIN: &str = "/usr/lib/cni";
 /// The row label of the kernel's delete of pods' veth pairs in each round.
 const POD_FLOOR: &str = "kernel: delete a pod's veth pair";
 /// How far our peak RSS per call may pass ptp's before the smoke fails.
-/// Both figures are mostly the host-local child's (a Go binary whose RSS
-/// moves by a few percent from call to call and machine to machine: 1.02
-/// seen in CI with identical children); a stale symbol order costs 50-70%.
-const RSS_SLACK: f64 = 1.05;
+/// Each figure is the larger of the plugin and its host-local child, whose
+/// peak includes its parent's RSS at the spawn. Until session 12 both read
+/// the bench's own peak (~10 MB; see reset_peak_rss) and the ratio was
+/// 1.00-1.02 whatever the plugins did; read truly, ours is 5.4 MB against
+/// ptp's 5.2 MB (1.05). A stale symbol order costs 50-70%: 1.15 catches
+/// that, and not the few percent a Go child moves from machine to machine.
+const RSS_SLACK: f64 = 1.15;
 /// The longest one plugin call may take before the bench kills it.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
 /// Single ADD and DEL calls whose peak RSS is read, per plugin.
@@ -58,6 +61,9 @@ struct Options {
     /// The datastore rows against Calico's binary (`--datastores`; the
     /// test bed's environment needed): pods per round and the burst size.
     datastores: Option<(usize, usize)>,
+    /// Only the datastore rows' binaries and stores whose labels are
+    /// named (`--only ours,kdd`; all by default): for profiling one path.
+    only: Vec<String>,
 }
 
 fn options() -> Options {
@@ -67,6 +73,7 @@ fn options() -> Options {
         rounds: 1,
         smoke: false,
         datastores: None,
+        only: Vec::new(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -100,6 +107,7 @@ fn options() -> Options {
                     burst.parse().expect("--datastores N,BURST"),
                 ));
             }
+            "--only" => o.only = val().split(',').map(str::to_string).collect(),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -263,6 +271,7 @@ fn row(label: &str, conc: usize, op: &str, s: &Stats) {
 
 /// Runs `op` for 0..n with `conc` workers; returns samples and wall time.
 fn phase(n: usize, conc: usize, op: impl Fn(usize) -> Sample + Sync) -> (Vec<Sample>, Duration) {
+    reset_peak_rss();
     let results = Mutex::new(Vec::with_capacity(n));
     let started = Instant::now();
     std::thread::scope(|s| {
@@ -277,6 +286,36 @@ fn phase(n: usize, conc: usize, op: impl Fn(usize) -> Sample + Sync) -> (Vec<Sam
         }
     });
     (results.into_inner().unwrap(), started.elapsed())
+}
+
+/// Resets this process's peak RSS to its current RSS (`clear_refs` 5).
+/// A plugin is spawned by vfork (posix_spawn), and the kernel records the
+/// peak RSS of the address space a process leaves at exec as that
+/// process's own: without the reset, every call's `ru_maxrss` would be at
+/// least the bench's largest RSS so far (its 100-thread bursts), not the
+/// plugin's.
+fn reset_peak_rss() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        eprintln!("bench: cannot reset the peak RSS: {e}");
+    }
+    if std::env::var_os("BENCH_SHOW_RSS").is_some() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let line = |k: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(k))
+                .unwrap_or_default()
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or_default()
+                .to_string()
+        };
+        eprintln!(
+            "bench: VmRSS {} KiB, VmHWM {} KiB",
+            line("VmRSS:"),
+            line("VmHWM:")
+        );
+    }
 }
 
 /// What may leak: host veths, host routes, reservations, endpoints.
@@ -635,6 +674,15 @@ fn queue_tax(p: &Plugin, work: &Path, n: usize, rounds: usize) -> (Duration, Dur
 }
 
 fn main() {
+    // One malloc arena, memory given back: the bench's own RSS stays small
+    // (see reset_peak_rss: a call's peak RSS is at least the bench's RSS
+    // when it was spawned), however many threads its bursts start.
+    // SAFETY: mallopt only sets allocator parameters; called before any
+    // thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
+    }
     if let Err(e) = run() {
         eprintln!("bench failed: {e}");
         std::process::exit(1);
@@ -746,6 +794,7 @@ fn run() -> Result<(), Failure> {
             let tag = format!("br{}{}{k}", std::process::id() % 10000, p.tag());
             sh("ip", &["netns", "add", &format!("{tag}-0")]);
             for op in ["ADD", "DEL"] {
+                reset_peak_rss();
                 let s = cni(p, op, 0, &tag);
                 bad |= !s.ok;
                 rss.get_mut(&(p.label, op)).unwrap().push(s.max_rss_kib);
@@ -913,11 +962,35 @@ fn datastore_rows(
         .into());
     }
     let concs: Vec<usize> = if o.smoke { vec![1, 8] } else { vec![1, 8, 32] };
+    // `--only`: the labels named of each kind, or all of that kind.
+    let picked = |labels: Vec<&str>| -> Vec<String> {
+        let named: Vec<String> = labels
+            .iter()
+            .filter(|l| o.only.iter().any(|n| n == *l))
+            .map(|l| l.to_string())
+            .collect();
+        if named.is_empty() {
+            labels.into_iter().map(str::to_string).collect()
+        } else {
+            named
+        }
+    };
+    let binaries: Vec<Binary> = {
+        let keep = picked(binaries.iter().map(|b| b.label).collect());
+        binaries
+            .into_iter()
+            .filter(|b| keep.iter().any(|k| k == b.label))
+            .collect()
+    };
+    let stores = picked(vec![Store::Kdd.label(), Store::Etcd.label()]);
     let mut figures = Vec::new();
     for (store, cidr) in [
         (Store::Kdd, "10.248.0.0/16"),
         (Store::Etcd, "10.249.0.0/16"),
     ] {
+        if !stores.iter().any(|s| s == store.label()) {
+            continue;
+        }
         let world = World::new(store, work, n.max(burst).max(5), cidr)?;
         for round in 0..o.rounds.max(1) {
             // Alternating: neither binary always runs first.

@@ -320,6 +320,14 @@ pub trait Store: Send + Sync {
     /// Which datastore this is.
     fn backend(&self) -> Backend;
 
+    /// What tells this datastore from others of its backend (the API
+    /// server's URL, etcd's endpoints): node-local copies of its objects
+    /// are kept under this name. `None`: no copies are kept (the local
+    /// store, whose reads cost no round trip).
+    fn identity(&self) -> Option<String> {
+        None
+    }
+
     /// The same store with its requests bound to `deadline` instead (a
     /// cleanup budget); `None` when this store's requests are not bound
     /// to a deadline of their own, so it serves as it is.

@@ -172,6 +172,11 @@ impl EtcdClient {
         })
     }
 
+    /// The cluster's endpoints, as configured.
+    pub fn endpoints(&self) -> &[String] {
+        self.transport.endpoints()
+    }
+
     /// The same client bound to another deadline (cleanup budgets).
     pub fn until(&self, deadline: Instant) -> EtcdClient {
         EtcdClient {

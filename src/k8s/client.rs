@@ -137,6 +137,8 @@ pub struct K8sClient {
     pods: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(String, String), Pod>>>,
     /// The call's first request opens the connection alone (HTTP/2).
     opening: std::sync::Arc<crate::connection_gate::ConnectionGate>,
+    /// The API server's URL.
+    server: String,
 }
 
 /// `https://host:6443/api/v1/...` → `https://host:6443` (Calico strips the
@@ -306,6 +308,11 @@ impl K8sClient {
         }
     }
 
+    /// The API server's URL (as the kubeconfig names it).
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
     /// Builds the client for one invocation, whose requests all end by
     /// `deadline`.
     pub async fn new(conf: &K8sConfig, deadline: Instant) -> Result<K8sClient, K8sError> {
@@ -429,6 +436,7 @@ impl K8sClient {
             deadline,
             pods: Default::default(),
             opening: Default::default(),
+            server: config.cluster_url.to_string(),
         })
     }
 
@@ -527,7 +535,15 @@ impl K8sClient {
             let limit = remaining.min(REQUEST_TIMEOUT);
             let sent = tokio::time::timeout(limit, async {
                 let turn = self.opening.turn().await;
+                let asked = Instant::now();
                 let answer = self.client.request::<T>(clone_request(&request)).await;
+                tracing::debug!(
+                    method = %request.method(),
+                    uri = %request.uri(),
+                    ok = answer.is_ok(),
+                    ms = asked.elapsed().as_secs_f64() * 1e3,
+                    "API request"
+                );
                 if !matches!(
                     &answer,
                     Err(kube::Error::HyperError(_) | kube::Error::Service(_))

@@ -300,6 +300,10 @@ impl Store for EtcdStore {
         super::Backend::Etcd
     }
 
+    fn identity(&self) -> Option<String> {
+        Some(format!("etcdv3 {}", self.client.endpoints().join(",")))
+    }
+
     fn until(&self, deadline: Instant) -> Option<std::sync::Arc<dyn Store>> {
         Some(std::sync::Arc::new(EtcdStore {
             client: self.client.until(deadline),

@@ -532,6 +532,10 @@ impl Store for KubernetesStore {
     fn backend(&self) -> Backend {
         Backend::Kubernetes
     }
+
+    fn identity(&self) -> Option<String> {
+        Some(format!("kubernetes {}", self.client.server()))
+    }
 }
 
 /// WorkloadEndpoints are pods here: [`Endpoints`], not the resource API.

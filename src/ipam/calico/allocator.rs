@@ -25,6 +25,7 @@ use ipnet::IpNet;
 
 use super::IpamError;
 use super::block;
+use super::block_cache::BlockCache;
 use super::pools::{
     SelectorLabels, USE_WORKLOAD, automatic_pools, blocks_for_host, host_seed, requested_pools,
 };
@@ -107,6 +108,9 @@ pub struct Allocator<'a> {
     /// Pools are read as of now (after a cached list left an assignment
     /// without a pool).
     latest_pools: std::sync::atomic::AtomicBool,
+    /// The copies of the blocks written under the host lock, while it is
+    /// held ([`Allocator::use_block_cache`]).
+    blocks: std::sync::OnceLock<BlockCache>,
 }
 
 fn ds(what: impl Into<String>) -> impl FnOnce(DatastoreError) -> IpamError {
@@ -149,6 +153,52 @@ impl<'a> Allocator<'a> {
             finished: AtomicUsize::new(0),
             config: tokio::sync::OnceCell::new(),
             latest_pools: std::sync::atomic::AtomicBool::new(false),
+            blocks: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Starts allocations and releases from the blocks' copies kept under
+    /// the host lock ([`BlockCache`]; `None`: the lock is not held, or
+    /// the store keeps no copies), and keeps what this call writes there.
+    pub fn use_block_cache(&self, cache: Option<BlockCache>) {
+        if let Some(cache) = cache {
+            let _ = self.blocks.set(cache);
+        }
+    }
+
+    /// The kept copy of the block of `cidr`, its cooled addresses freed;
+    /// `None` without one (or one soft-deleted).
+    async fn cached_block(&self, cidr: &IpNet) -> Option<IpamBlock> {
+        let copy = self.blocks.get()?.get(&cidr_name(cidr)).await?;
+        if copy.spec.deleted {
+            return None;
+        }
+        self.collected(copy).await.ok()
+    }
+
+    /// The block a write's `attempt` starts from: the copy kept under the
+    /// lock on the first (`true` with it), else the block read now.
+    async fn block_to_write(
+        &self,
+        cidr: &IpNet,
+        attempt: usize,
+    ) -> Result<(Option<IpamBlock>, bool), IpamError> {
+        if attempt == 0
+            && let Some(copy) = self.cached_block(cidr).await
+        {
+            return Ok((Some(copy), true));
+        }
+        Ok((self.get_block(cidr).await?, false))
+    }
+
+    /// Keeps the block as the datastore answered its write, or forgets the
+    /// copy (`None`: the write failed, or the block is gone).
+    async fn keep_block(&self, name: &str, stored: Option<&IpamBlock>) {
+        if let Some(cache) = self.blocks.get() {
+            match stored {
+                Some(b) => cache.put(b).await,
+                None => cache.forget(name).await,
+            }
         }
     }
 
@@ -293,7 +343,10 @@ impl<'a> Allocator<'a> {
     /// sequence number.
     async fn put_block(&self, block: &mut IpamBlock) -> Result<IpamBlock, DatastoreError> {
         block.spec.sequence_number += 1;
-        self.store.update(block).await
+        let written = self.store.update(block).await;
+        self.keep_block(&block.metadata.name, written.as_ref().ok())
+            .await;
+        written
     }
 
     /// The handle named `name`, unless absent or soft-deleted.
@@ -731,15 +784,24 @@ impl<'a> Allocator<'a> {
         affine_only: bool,
     ) -> Result<Vec<IpNet>, IpamError> {
         let what = format!("error updating IPAMBlock({})", cidr_name(cidr));
-        for _ in 0..CAS_ATTEMPTS {
-            let Some(mut blk) = self.get_block(cidr).await? else {
+        for attempt in 0..CAS_ATTEMPTS {
+            // Only an address the copy offers is trusted (the write is on
+            // its revision); a copy offering none is read again.
+            let (read, from_copy) = self.block_to_write(cidr, attempt).await?;
+            let Some(mut blk) = read else {
                 return Ok(Vec::new());
             };
             if affine_only && blk.spec.affinity.as_deref() != Some(&self.affinity_value()) {
+                if from_copy {
+                    continue;
+                }
                 return Ok(Vec::new());
             }
             let got = block::assign(&mut blk.spec, cidr, n, req.handle, req.attrs, reserved);
             if got.is_empty() {
+                if from_copy {
+                    continue;
+                }
                 return Ok(Vec::new());
             }
             self.increment_handle(req.handle, cidr, got.len()).await?;
@@ -867,7 +929,7 @@ impl<'a> Allocator<'a> {
             block::new_block(cidr, Some(self.affinity_value()), Some(claim_time)),
         );
         match self.store.create(&mut blk).await {
-            Ok(_) => {}
+            Ok(stored) => self.keep_block(&stored.metadata.name, Some(&stored)).await,
             Err(DatastoreError::AlreadyExists(_)) => {
                 let ours = self
                     .get_block(cidr)
@@ -1080,17 +1142,23 @@ impl<'a> Allocator<'a> {
         release: impl Fn(&mut crate::datastore::ipam_model::IpamBlockSpec) -> usize,
     ) -> Result<usize, IpamError> {
         let what = format!("error updating IPAMBlock({})", cidr_name(cidr));
-        for _ in 0..CAS_ATTEMPTS {
-            let Some(mut blk) = self.get_block(cidr).await? else {
+        for attempt in 0..CAS_ATTEMPTS {
+            // As in an allocation: a copy freeing nothing is read again.
+            let (read, from_copy) = self.block_to_write(cidr, attempt).await?;
+            let Some(mut blk) = read else {
                 return Ok(0);
             };
             let freed = release(&mut blk.spec);
             if freed == 0 {
+                if from_copy {
+                    continue;
+                }
                 return Ok(0);
             }
             // (A block read with cooled addresses freed saves that too.)
             let result = if block::is_empty(&blk.spec) && blk.spec.affinity.is_none() {
                 blk.spec.sequence_number += 1;
+                self.keep_block(&blk.metadata.name, None).await;
                 self.store
                     .soft_delete(&mut blk, |b| b.spec.deleted = true)
                     .await

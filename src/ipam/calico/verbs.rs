@@ -314,7 +314,8 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
         } else {
             None
         };
-        let _lock = lock::acquire(&lock_file, call.deadline).await;
+        let lock = lock::acquire(&lock_file, call.deadline).await;
+        allocator.use_block_cache(lock.block_cache(call.store.identity()));
         if let Some(vm) = &vm {
             let held = allocator.addresses_of(&handle).await?;
             if held.is_empty() && vm.is_migration_target() {
@@ -422,7 +423,8 @@ pub async fn del_from(call: &Call, req: &Request, ahead: Option<ReleaseInputs>) 
                 .handles
                 .map(Some),
         };
-        let _lock = lock::acquire(&lock_file, call.deadline).await;
+        let lock = lock::acquire(&lock_file, call.deadline).await;
+        allocator.use_block_cache(lock.block_cache(call.store.identity()));
         if let (Some(vm), Some((namespace, pod))) = (&vm, req.env.args.k8s_pod()) {
             let handle = kubevirt::handle_id(&req.conf.name, &vm.namespace, &vm.name);
             let held = allocator.addresses_of(&handle).await?;
