@@ -47,6 +47,8 @@ pub struct Gateway {
     token: Arc<tokio::sync::Mutex<Option<String>>>,
     /// The call's first request opens the connection alone (HTTP/2).
     gate: Arc<ConnectionGate>,
+    /// The cluster's ID, as the first answer's header gave it.
+    cluster_id: Arc<std::sync::OnceLock<String>>,
 }
 
 impl Gateway {
@@ -85,6 +87,7 @@ impl Gateway {
             credentials: conf.credentials.clone(),
             token: Arc::default(),
             gate: Arc::default(),
+            cluster_id: Arc::default(),
         })
     }
 
@@ -127,7 +130,32 @@ impl Gateway {
     /// pause, for [`RETRY_WINDOW`] while none can serve the call.
     /// [`Self::call_as`] with the credentials' token; a token the cluster
     /// no longer knows (expired, or the member restarted) is renewed once.
+    /// The ID of the cluster that answered, once one has: a cluster
+    /// rebuilt on the same endpoints has another.
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.cluster_id.get().map(String::as_str)
+    }
+
     async fn call(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, EtcdError> {
+        let answer = self.call_authenticated(path, body, deadline).await?;
+        // A uint64, as a string (or a number) in the gateway's JSON.
+        let id = match answer.pointer("/header/cluster_id") {
+            Some(Value::String(s)) => s.parse::<u64>().ok(),
+            Some(Value::Number(n)) => n.as_u64(),
+            _ => None,
+        };
+        if let Some(id) = id.filter(|&id| id != 0) {
+            let _ = self.cluster_id.set(format!("{id:x}"));
+        }
+        Ok(answer)
+    }
+
+    async fn call_authenticated(
+        &self,
+        path: &str,
+        body: &Value,
+        deadline: Instant,
+    ) -> Result<Value, EtcdError> {
         let token = self.token(deadline).await?;
         match self.call_as(path, body, token.as_deref(), deadline).await {
             Err(EtcdError::Unauthorized(m))

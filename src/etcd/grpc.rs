@@ -91,6 +91,12 @@ impl Grpc {
         self.endpoints.urls()
     }
 
+    /// The ID of the cluster that answered: not kept by this transport
+    /// (so no node-local copies are used with it).
+    pub fn cluster_id(&self) -> Option<&str> {
+        None
+    }
+
     /// Runs `call` on the endpoints' clients in turn, bounded by the
     /// deadline.
     async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, call: F) -> Result<T, EtcdError>

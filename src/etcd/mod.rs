@@ -177,6 +177,11 @@ impl EtcdClient {
         self.transport.endpoints()
     }
 
+    /// The cluster's ID, once a member has answered this client.
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.transport.cluster_id()
+    }
+
     /// The same client bound to another deadline (cleanup budgets).
     pub fn until(&self, deadline: Instant) -> EtcdClient {
         EtcdClient {

@@ -300,8 +300,16 @@ impl Store for EtcdStore {
         super::Backend::Etcd
     }
 
+    /// The endpoints and the cluster's ID (a cluster rebuilt on the same
+    /// endpoints starts its revisions again: a copy of the old one's block
+    /// could match a new block's revision). `None` until a member has
+    /// answered.
     fn identity(&self) -> Option<String> {
-        Some(format!("etcdv3 {}", self.client.endpoints().join(",")))
+        let cluster = self.client.cluster_id()?;
+        Some(format!(
+            "etcdv3 {} cluster {cluster}",
+            self.client.endpoints().join(",")
+        ))
     }
 
     fn until(&self, deadline: Instant) -> Option<std::sync::Arc<dyn Store>> {

@@ -814,6 +814,10 @@ impl<'a> Allocator<'a> {
                     match e {
                         DatastoreError::Conflict(_) => continue,
                         DatastoreError::NotFound(_) => return Ok(Vec::new()),
+                        // A write from a copy the datastore refuses for
+                        // another reason (a uid it does not know): the
+                        // block is read again.
+                        _ if from_copy => continue,
                         e => return Err(ds(what)(e)),
                     }
                 }
@@ -1168,6 +1172,8 @@ impl<'a> Allocator<'a> {
             match result {
                 Ok(()) | Err(DatastoreError::NotFound(_)) => return Ok(freed),
                 Err(DatastoreError::Conflict(_)) => continue,
+                // As in an allocation: a refused write from a copy reads again.
+                Err(_) if from_copy => continue,
                 Err(e) => return Err(ds(what)(e)),
             }
         }

@@ -15,10 +15,15 @@
 //!
 //! One file per block (`<lock file>.blocks/<block name>`, the directory
 //! 0700, files 0600, written whole and renamed into place), naming the
-//! datastore it came from: a copy of another datastore's block (a node
-//! moved between clusters, tests with their own servers sharing a lock
-//! file) is never used. The local store has no use for it (its reads cost
-//! no round trip) and gives no identity.
+//! datastore it came from ([`crate::datastore::Store::identity`]): a copy
+//! of another datastore's block (a node moved between clusters, tests with
+//! their own servers sharing a lock file) is never used. A datastore
+//! rebuilt in place starts its revisions again, so a revision alone could
+//! match: etcd's identity carries the cluster's ID, and a Kubernetes write
+//! carries the block's uid, which a rebuilt cluster's block does not have
+//! (the API server refuses it; a refused write from a copy reads the block
+//! again). The local store has no use for copies (its reads cost no round
+//! trip) and gives no identity.
 
 use std::fs::OpenOptions;
 use std::io::Write;
