@@ -321,9 +321,10 @@ pub trait Store: Send + Sync {
     fn backend(&self) -> Backend;
 
     /// What tells this datastore from others of its backend (the API
-    /// server's URL, etcd's endpoints): node-local copies of its objects
-    /// are kept under this name. `None`: no copies are kept (the local
-    /// store, whose reads cost no round trip).
+    /// server's URL; etcd's endpoints and cluster ID): node-local copies of
+    /// its objects are kept under this name. `None`: no copies are kept
+    /// (the local store, whose reads cost no round trip; etcd before a
+    /// member has answered).
     fn identity(&self) -> Option<String> {
         None
     }
