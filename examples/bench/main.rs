@@ -298,24 +298,6 @@ fn reset_peak_rss() {
     if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
         eprintln!("bench: cannot reset the peak RSS: {e}");
     }
-    if std::env::var_os("BENCH_SHOW_RSS").is_some() {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let line = |k: &str| {
-            status
-                .lines()
-                .find(|l| l.starts_with(k))
-                .unwrap_or_default()
-                .split_whitespace()
-                .nth(1)
-                .unwrap_or_default()
-                .to_string()
-        };
-        eprintln!(
-            "bench: VmRSS {} KiB, VmHWM {} KiB",
-            line("VmRSS:"),
-            line("VmHWM:")
-        );
-    }
 }
 
 /// What may leak: host veths, host routes, reservations, endpoints.

@@ -45,10 +45,17 @@ pub struct BlockCache {
     held: Weak<()>,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct Copy {
     datastore: String,
     block: IpamBlock,
+}
+
+/// A [`Copy`] as written, borrowing what it holds.
+#[derive(Serialize)]
+struct CopyOf<'a> {
+    datastore: &'a str,
+    block: &'a IpamBlock,
 }
 
 /// The directory of the copies beside `lock_file`.
@@ -105,13 +112,19 @@ impl BlockCache {
         let Some(path) = self.path(&block.metadata.name) else {
             return;
         };
-        let copy = Copy {
-            datastore: self.datastore.clone(),
-            block: block.clone(),
+        let copy = CopyOf {
+            datastore: &self.datastore,
+            block,
+        };
+        let bytes = match serde_json::to_vec(&copy) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::debug!(block = %block.metadata.name, "keeping the block's copy: {e}");
+                return self.forget(&block.metadata.name).await;
+            }
         };
         let dir = self.dir.clone();
         let written = blocking(move || -> std::io::Result<()> {
-            let bytes = serde_json::to_vec(&copy)?;
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
