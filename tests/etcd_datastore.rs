@@ -266,8 +266,11 @@ fn a_cluster_that_loses_a_member_then_its_quorum() {
         "{reply}"
     );
     eprintln!("quorum lost: ADD failed in {took:?}: {reply}");
+    // The deadline, then the rollback's own budget (5 s: the member still
+    // serves its own view, so the ADD gets as far as the IPAM, whose
+    // release is then tried), and the process's start and exit.
     assert!(
-        took < Duration::from_secs(6 + 5),
+        took < Duration::from_secs(6 + 5) + Duration::from_millis(500),
         "ADD took {took:?}: {reply}"
     );
     assert_nothing_on_the_host(&ns_c, &c);

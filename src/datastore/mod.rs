@@ -254,6 +254,20 @@ pub trait Store: Send + Sync {
         name: &str,
     ) -> Result<Option<Value>, DatastoreError>;
 
+    /// The object as a cache in front of the datastore may hold it (the
+    /// Kubernetes API server's watch cache; an etcd member's own view), a
+    /// few milliseconds behind the latest write at most, and as of now
+    /// when the cache lacks it: for configuration read to decide (IPAMConfig,
+    /// a node's labels), never for what a write's precondition rests on.
+    async fn get_object_cached(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, DatastoreError> {
+        self.get_object(kind, namespace, name).await
+    }
+
     /// The objects in `namespace` (`""` for cluster-scoped kinds; for a
     /// namespaced kind, every namespace) that pass `filter`, sorted by name.
     async fn list_objects(
@@ -368,6 +382,17 @@ impl dyn Store + '_ {
             .transpose()
     }
 
+    pub async fn get_cached<R: Resource>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<R>, DatastoreError> {
+        self.get_object_cached(R::KIND, namespace, name)
+            .await?
+            .map(decode)
+            .transpose()
+    }
+
     pub async fn list<R: Resource>(
         &self,
         namespace: &str,
@@ -439,10 +464,13 @@ impl dyn Store + '_ {
     }
 
     /// ClusterInformation `default` has spec.datastoreReady == true (an
-    /// absent object or field is "not ready").
+    /// absent object or field is "not ready"), as the datastore's cache
+    /// holds it: the flag holds new calls off while a migration runs, and
+    /// the migration gives calls in flight seconds to finish after setting
+    /// it (`calico-ipam -upgrade`: 5 s), against the cache's milliseconds.
     pub async fn cluster_ready(&self) -> Result<bool, DatastoreError> {
         let info = self
-            .get::<ClusterInformation>("", ClusterInformation::NAME)
+            .get_cached::<ClusterInformation>("", ClusterInformation::NAME)
             .await?;
         Ok(info.and_then(|i| i.spec.datastore_ready) == Some(true))
     }

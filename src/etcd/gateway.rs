@@ -221,7 +221,15 @@ impl Gateway {
             try_next: true,
         })?;
         let turn = self.gate.turn().await;
+        let asked = Instant::now();
         let sent = self.client.request(request).await;
+        tracing::debug!(
+            %endpoint,
+            %path,
+            ok = sent.as_ref().is_ok_and(|r| r.status().is_success()),
+            ms = asked.elapsed().as_secs_f64() * 1e3,
+            "etcd request"
+        );
         if sent.is_ok() {
             self.gate.answered();
         }

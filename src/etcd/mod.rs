@@ -199,6 +199,16 @@ impl EtcdClient {
         Ok(kvs.pop())
     }
 
+    /// [`EtcdClient::get`] as the member that answers has it (a
+    /// serializable read; see [`EtcdClient::list_local`]).
+    pub async fn get_local(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
+        let mut kvs = self
+            .transport
+            .range(key, None, false, Read::Serializable, self.deadline)
+            .await?;
+        Ok(kvs.pop())
+    }
+
     /// Every key under `prefix` (with values unless `keys_only`), in key
     /// order, as of now (a linearizable read: the member asks the leader
     /// how far the cluster has got first).

@@ -498,6 +498,8 @@ impl World {
                 let path = format!("/apis/{}/{}/{name}", crd_api(), crd_plural(R::KIND));
                 let (code, v) = kdd.bed.admin("PUT", &path, Some(&as_written(object)));
                 assert_eq!(code, 200, "PUT {path}: {v}");
+                kdd.bed
+                    .await_cached(&path, v["metadata"]["resourceVersion"].as_str());
                 as_read(v)
             }
             (None, None) => unreachable!(),
@@ -515,11 +517,9 @@ impl World {
             }
             (None, Some(store), _) => store,
             (None, None, Some(kdd)) => {
-                kdd.bed.delete(&format!(
-                    "/apis/{}/{}/{name}",
-                    crd_api(),
-                    crd_plural(R::KIND)
-                ));
+                let path = format!("/apis/{}/{}/{name}", crd_api(), crd_plural(R::KIND));
+                kdd.bed.delete(&path);
+                kdd.bed.await_cached(&path, None);
                 return;
             }
             _ => unreachable!(),

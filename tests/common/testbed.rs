@@ -202,12 +202,49 @@ impl Testbed {
         );
     }
 
-    /// A merge patch (`sub` is "" or "/status").
+    /// A merge patch (`sub` is "" or "/status"), returned once the API
+    /// server's watch cache serves it (see [`Testbed::await_cached`]).
     pub fn merge_patch(&self, path: &str, patch: &Value) -> Value {
         let (code, v) =
             self.admin_typed("PATCH", path, Some(patch), "application/merge-patch+json");
         assert_eq!(code, 200, "PATCH {path}: {v}");
+        // (An object on its way out — a finalizer removed — is no one's
+        // configuration: not waited for.)
+        if v["metadata"]["deletionTimestamp"].is_null() {
+            let object = path.strip_suffix("/status").unwrap_or(path);
+            self.await_cached(object, v["metadata"]["resourceVersion"].as_str());
+        }
         v
+    }
+
+    /// Waits (10 s at most) until the API server's watch cache serves the
+    /// object at `path` at resourceVersion `rv` or later (`None`: until it
+    /// serves it as gone). The plugin reads configuration — IPAMConfig,
+    /// a node's labels, a namespace — from that cache, which trails a write
+    /// by milliseconds: a test that changes one and calls the plugin right
+    /// away waits for it, as an operator's change precedes the pods it is
+    /// for by far more.
+    pub fn await_cached(&self, path: &str, rv: Option<&str>) {
+        let number = |v: &str| v.parse::<u64>().ok();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (code, v) = self.admin("GET", &format!("{path}?resourceVersion=0"), None);
+            let served = match rv {
+                Some(rv) => {
+                    code == 200
+                        && v["metadata"]["resourceVersion"].as_str().and_then(number) >= number(rv)
+                }
+                None => code == 404,
+            };
+            if served {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "the watch cache does not serve {path} at {rv:?}: {code} {v}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// A namespace of the test's own, deleted on drop.

@@ -144,6 +144,21 @@ impl Store for EtcdStore {
         }
     }
 
+    /// As the member that answers has it (a serializable read: no round
+    /// to the leader), and as of now when that member lacks it.
+    async fn get_object_cached(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, DatastoreError> {
+        let key = codec::key_of(kind, namespace, name)?;
+        match self.client.get_local(&key).await? {
+            Some(kv) => Self::decode_one(kind, &kv),
+            None => self.get_object(kind, namespace, name).await,
+        }
+    }
+
     /// As the member that answers has them (a serializable read, as the
     /// API server's watch cache serves the Kubernetes datastore's lists).
     async fn list_objects(

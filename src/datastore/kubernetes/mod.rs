@@ -281,10 +281,55 @@ impl KubernetesStore {
             .map(|_| ())
     }
 
+    /// One object, as of now or (`cached`) as the watch cache holds it.
+    async fn get(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        cached: bool,
+    ) -> Result<Option<Value>, DatastoreError> {
+        if kind.name == WorkloadEndpoint::KIND.name {
+            return Err(records_elsewhere());
+        }
+        if kind.name == Profile::KIND.name {
+            return Ok(None);
+        }
+        if kind.name == Node::KIND.name {
+            return self.node(name, cached).await;
+        }
+        let (scope, name) = (Self::scope(kind, namespace)?, segment(name)?);
+        let what = format!("error getting {}", kind.describe(namespace, name));
+        let got = self
+            .in_group(|group| {
+                let path = crd::path(kind, group, scope, name);
+                let what = &what;
+                async move {
+                    if cached {
+                        self.client.get_json_cached(what, &path).await
+                    } else {
+                        self.client.get_json(what, &path).await
+                    }
+                }
+            })
+            .await;
+        match got {
+            Ok(object) => Ok(object.map(|o| crd::from_crd(kind, o))),
+            // A kind whose CRD the cluster lacks holds nothing.
+            Err(K8sError::NotServed(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// A Kubernetes Node as the Calico Node pool nodeSelectors match: its
     /// name and labels.
-    async fn node(&self, name: &str) -> Result<Option<Value>, DatastoreError> {
-        let Some(node) = self.client.node(name).await? else {
+    async fn node(&self, name: &str, cached: bool) -> Result<Option<Value>, DatastoreError> {
+        let node = if cached {
+            self.client.node_cached(name).await?
+        } else {
+            self.client.node(name).await?
+        };
+        let Some(node) = node else {
             return Ok(None);
         };
         let m = &node.metadata;
@@ -389,30 +434,18 @@ impl Store for KubernetesStore {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, DatastoreError> {
-        if kind.name == WorkloadEndpoint::KIND.name {
-            return Err(records_elsewhere());
-        }
-        if kind.name == Profile::KIND.name {
-            return Ok(None);
-        }
-        if kind.name == Node::KIND.name {
-            return self.node(name).await;
-        }
-        let (scope, name) = (Self::scope(kind, namespace)?, segment(name)?);
-        let what = format!("error getting {}", kind.describe(namespace, name));
-        let got = self
-            .in_group(|group| {
-                let path = crd::path(kind, group, scope, name);
-                let what = &what;
-                async move { self.client.get_json(what, &path).await }
-            })
-            .await;
-        match got {
-            Ok(object) => Ok(object.map(|o| crd::from_crd(kind, o))),
-            // A kind whose CRD the cluster lacks holds nothing.
-            Err(K8sError::NotServed(_)) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        self.get(kind, namespace, name, false).await
+    }
+
+    /// From the API server's watch cache (`resourceVersion=0`; read as of
+    /// now when the cache lacks the object).
+    async fn get_object_cached(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, DatastoreError> {
+        self.get(kind, namespace, name, true).await
     }
 
     /// Served from the API server's watch cache (a few milliseconds

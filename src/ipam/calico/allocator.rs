@@ -89,6 +89,13 @@ pub struct Inputs {
     ahead: bool,
 }
 
+impl Inputs {
+    /// The IP pools as read.
+    pub fn pools(&self) -> &[IpPool] {
+        &self.pools
+    }
+}
+
 /// One family's affinities as an assignment got them.
 struct Affinities {
     list: Vec<BlockAffinity>,
@@ -212,13 +219,15 @@ impl<'a> Allocator<'a> {
         format!("host:{}", self.host)
     }
 
-    /// IPAMConfig `default`, or Calico's defaults when absent (read once).
+    /// IPAMConfig `default`, or Calico's defaults when absent (read once,
+    /// as the datastore's cache holds it: configuration an operator sets,
+    /// no write's precondition).
     pub async fn config(&self) -> Result<IpamConfigSpec, IpamError> {
         self.config
             .get_or_try_init(|| async {
                 Ok(self
                     .store
-                    .get::<IpamConfig>("", IpamConfig::NAME)
+                    .get_cached::<IpamConfig>("", IpamConfig::NAME)
                     .await
                     .map_err(ds("error getting IPAMConfig"))?
                     .map_or_else(IpamConfigSpec::defaults, |c| c.spec))

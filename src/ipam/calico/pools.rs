@@ -75,6 +75,16 @@ fn parse_selector(pool: &IpPool, text: &str) -> Result<Selector, IpamError> {
     })
 }
 
+/// Whether an enabled pool's node selector asks for the node's labels
+/// (anything but `all()` or empty; an invalid one is left for the
+/// assignment to refuse).
+pub fn pools_select_nodes(pools: &[IpPool]) -> bool {
+    pools
+        .iter()
+        .filter(|p| !p.spec.disabled)
+        .any(|p| Selector::parse(&p.spec.node_selector).is_ok_and(|s| !s.matches_everything()))
+}
+
 /// The enabled Automatic pools of the family that allow workloads and
 /// whose selectors match this node and namespace.
 pub async fn automatic_pools(

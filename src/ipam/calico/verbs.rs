@@ -16,13 +16,13 @@ use super::allocator::{Allocator, AutoAssign};
 use super::block::OwnerSlot;
 use super::kubevirt::{self, VmiInfo};
 use super::lock;
-use super::pools::{SelectorLabels, automatic_pools, requested_pools};
+use super::pools::{SelectorLabels, automatic_pools, pools_select_nodes, requested_pools};
 use crate::cni::env::CniEnv;
 use crate::cni::result::{IpConfig, Route};
 use crate::cni::{CniResult, Error, Request, Result};
 use crate::datastore::endpoints::NamespaceLabels;
 use crate::datastore::ipam_model::{
-    ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_TIMESTAMP, IpamConfigSpec, IpamHandle, Node,
+    ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_TIMESTAMP, IpPool, IpamConfigSpec, IpamHandle, Node,
 };
 use crate::datastore::names::WepIdentifiers;
 use crate::datastore::{Store, go_time_utc};
@@ -160,22 +160,48 @@ fn check_identifiers(req: &Request, host: &str) -> Result<()> {
 struct Labels<'a> {
     call: &'a Call,
     req: &'a Request,
+    /// The node's labels, once read.
+    node: tokio::sync::OnceCell<BTreeMap<String, String>>,
+}
+
+impl<'a> Labels<'a> {
+    fn new(call: &'a Call, req: &'a Request) -> Labels<'a> {
+        Labels {
+            call,
+            req,
+            node: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Reads the node's labels now when a pool's node selector will need
+    /// them, so that the read is not made under the host lock; a failure
+    /// is left for the assignment to meet (and report) when it asks.
+    async fn read_ahead(&self, pools: &[IpPool]) {
+        if pools_select_nodes(pools) {
+            let _ = self.node_labels().await;
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl SelectorLabels for Labels<'_> {
     async fn node_labels(&self) -> std::result::Result<BTreeMap<String, String>, IpamError> {
         let host = self.call.host.as_str();
-        match self.call.store.get::<Node>("", host).await {
-            Ok(Some(node)) => Ok(node.metadata.labels),
-            Ok(None) => Err(IpamError::NoPools(format!(
-                "failed to get node for host {host}: resource does not exist: Node({host})"
-            ))),
-            Err(source) => Err(IpamError::Datastore {
-                what: format!("failed to get node for host {host}"),
-                source,
-            }),
-        }
+        self.node
+            .get_or_try_init(|| async {
+                match self.call.store.get_cached::<Node>("", host).await {
+                    Ok(Some(node)) => Ok(node.metadata.labels),
+                    Ok(None) => Err(IpamError::NoPools(format!(
+                        "failed to get node for host {host}: resource does not exist: Node({host})"
+                    ))),
+                    Err(source) => Err(IpamError::Datastore {
+                        what: format!("failed to get node for host {host}"),
+                        source,
+                    }),
+                }
+            })
+            .await
+            .cloned()
     }
 
     async fn namespace_labels(&self) -> std::result::Result<BTreeMap<String, String>, IpamError> {
@@ -293,7 +319,7 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
     };
     let attrs = attributes(call, req, vm.as_ref());
     let ipam = &req.conf.ipam;
-    let labels = Labels { call, req };
+    let labels = Labels::new(call, req);
     let auto = AutoAssign {
         num4: usize::from(ipam.assign_ipv4.as_deref() != Some("false")),
         num6: usize::from(ipam.assign_ipv6.as_deref() == Some("true")),
@@ -310,7 +336,9 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
         // and before the host lock: the lock covers the block's read and
         // the writes alone.
         let ahead = if vm.is_none() && req.env.args.ip.is_none() {
-            Some(allocator.read_ahead(&auto).await?)
+            let inputs = allocator.read_ahead(&auto).await?;
+            labels.read_ahead(inputs.pools()).await;
+            Some(inputs)
         } else {
             None
         };
@@ -613,7 +641,7 @@ pub async fn status(call: &Call, req: &Request) -> Result<()> {
         for p in &mut any_namespace {
             p.spec.namespace_selector = "all()".into();
         }
-        let labels = Labels { call, req };
+        let labels = Labels::new(call, req);
         let ipam = &req.conf.ipam;
         for (v6, wanted, requested) in [
             (

@@ -24,7 +24,7 @@ pub struct KubernetesPod;
 /// The node's pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`).
 async fn pod_cidrs(client: &K8sClient, node: &str) -> Result<Vec<String>> {
     let node_obj = client
-        .node(node)
+        .node_cached(node)
         .await?
         .ok_or_else(|| Error::kubernetes(format!("node {node} does not exist")))?;
     let spec = node_obj.spec.unwrap_or_default();
@@ -38,13 +38,15 @@ async fn pod_cidrs(client: &K8sClient, node: &str) -> Result<Vec<String>> {
 }
 
 /// The pod, read once when the policy needs it or the datastore keeps the
-/// endpoint record in it (the client remembers it for the record).
+/// endpoint record in it (the client remembers it for the record), as the
+/// API server's watch cache holds it (the record's write is conditional on
+/// the resourceVersion read, so a stale pod is read again there).
 async fn read_pod(ctx: &Context, namespace: &str, name: &str) -> Result<Option<Pod>> {
     let needed = ctx.req.conf.k8s_policy() || ctx.endpoints().await?.in_pods();
     if !needed {
         return Ok(None);
     }
-    let pod = ctx.k8s().await?.pod(namespace, name).await?;
+    let pod = ctx.k8s().await?.pod_cached(namespace, name).await?;
     pod.map(Some)
         .ok_or_else(|| Error::kubernetes(format!("pod {namespace}/{name} does not exist")))
 }
