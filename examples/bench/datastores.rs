@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{Failure, Sample, Stats, invoke, ms, percentile, phase, sh, stats};
+use super::{
+    Failure, RSS_CALLS, Sample, Stats, invoke, invoke_probed, ms, percentile, phase, sh, stats,
+};
 
 #[path = "../../tests/common/faultproxy.rs"]
 #[allow(dead_code)]
@@ -317,9 +319,12 @@ impl World {
         Ok(conf)
     }
 
-    /// One CNI call for pod `i` (sandbox `cid`, netns `netns`).
+    /// One CNI call for pod `i` (sandbox `cid`, netns `netns`); `probed`:
+    /// through GNU time, for its peak RSS (`invoke_probed`).
+    #[allow(clippy::too_many_arguments)]
     fn call(
         &self,
+        probed: bool,
         b: &Binary,
         conf: &Value,
         verb: &str,
@@ -341,7 +346,8 @@ impl World {
         if self.store == Store::Kdd {
             env.push(("CNI_ARGS", args.as_str()));
         }
-        invoke(&b.calico, &env, conf.to_string().as_bytes())
+        let run = if probed { invoke_probed } else { invoke };
+        run(&b.calico, &env, conf.to_string().as_bytes())
     }
 
     /// Addresses of the pool still allocated (a leak after a DEL phase).
@@ -383,9 +389,11 @@ impl World {
     }
 
     /// One round of `n` pods, `conc` at a time: ADD all, DEL all; leaks
-    /// checked. The samples of each phase.
+    /// checked. The samples of each phase (`probed`: each call through GNU
+    /// time, for the peak RSS; its latency not used).
     fn round(
         &self,
+        probed: bool,
         b: &Binary,
         conf: &Value,
         n: usize,
@@ -405,11 +413,11 @@ impl World {
         let netns = |i: usize| format!("/var/run/netns/{tag}-{i}");
         let start = server_cpu();
         let (adds, add_wall) = phase(n, conc, |i| {
-            self.call(b, conf, "ADD", i, &cid(i), &netns(i))
+            self.call(probed, b, conf, "ADD", i, &cid(i), &netns(i))
         });
         let added = server_cpu();
         let (dels, del_wall) = phase(n, conc, |i| {
-            self.call(b, conf, "DEL", i, &cid(i), &netns(i))
+            self.call(probed, b, conf, "DEL", i, &cid(i), &netns(i))
         });
         let deleted = server_cpu();
         let after = (veths(), self.allocated()?);
@@ -459,7 +467,7 @@ impl World {
                 del_wall: dw,
                 del_server,
                 leaked,
-            } = self.round(b, &conf, n, conc, &tag)?;
+            } = self.round(false, b, &conf, n, conc, &tag)?;
             server.0 += add_server;
             server.1 += del_server;
             calls.0 += adds.len();
@@ -474,13 +482,6 @@ impl World {
                 );
             }
             f.leaked |= leaked;
-            f.rss_kib = f.rss_kib.max(
-                adds.iter()
-                    .chain(&dels)
-                    .map(|s| s.max_rss_kib)
-                    .max()
-                    .unwrap_or(0),
-            );
             cpu.0.extend(adds.iter().map(|s| s.cpu));
             cpu.1.extend(dels.iter().map(|s| s.cpu));
             f.add.insert(conc, stats(&adds, aw));
@@ -495,7 +496,7 @@ impl World {
             del_server,
             leaked,
             ..
-        } = self.round(b, &conf, burst, burst, &tag)?;
+        } = self.round(false, b, &conf, burst, burst, &tag)?;
         f.failures += adds.iter().chain(&dels).filter(|s| !s.ok).count();
         f.leaked |= leaked;
         f.burst_wall = wall;
@@ -515,6 +516,23 @@ impl World {
         };
         f.cpu_add = median(&mut cpu.0);
         f.cpu_del = median(&mut cpu.1);
+        // Peak RSS per call: single calls read through GNU time.
+        let tag = format!("d{}{}r", std::process::id() % 1000, &side[..1]);
+        let probed = self.round(true, b, &conf, RSS_CALLS.min(n), 1, &tag)?;
+        f.failures += probed
+            .adds
+            .iter()
+            .chain(&probed.dels)
+            .filter(|s| !s.ok)
+            .count();
+        f.leaked |= probed.leaked;
+        f.rss_kib = probed
+            .adds
+            .iter()
+            .chain(&probed.dels)
+            .map(|s| s.max_rss_kib)
+            .max()
+            .unwrap_or(0);
         self.count_requests(b, side, &mut f)?;
         Ok(f)
     }
@@ -572,7 +590,7 @@ impl World {
             let (cid, netns) = (format!("{tag}{i:04}"), format!("/var/run/netns/{tag}-{i}"));
             for (k, verb) in ["ADD", "DEL"].into_iter().enumerate() {
                 let (r0, b0) = (proxy.requests().len(), proxy.bytes());
-                let s = self.call(b, &conf, verb, i, &cid, &netns);
+                let s = self.call(false, b, &conf, verb, i, &cid, &netns);
                 f.failures += usize::from(!s.ok);
                 let (r1, b1) = (proxy.requests().len(), proxy.bytes());
                 if i == 0 && std::env::var("BENCH_SHOW_REQUESTS").is_ok() {

@@ -39,12 +39,12 @@ const CNI_BIN: &str = "/usr/lib/cni";
 /// The row label of the kernel's delete of pods' veth pairs in each round.
 const POD_FLOOR: &str = "kernel: delete a pod's veth pair";
 /// How far our peak RSS per call may pass ptp's before the smoke fails.
-/// Each figure is the larger of the plugin and its host-local child, whose
-/// peak includes its parent's RSS at the spawn. Until session 12 both read
-/// the bench's own peak (~10 MB; see reset_peak_rss) and the ratio was
-/// 1.00-1.02 whatever the plugins did; read truly, ours is 5.4 MB against
-/// ptp's 5.2 MB (1.05). A stale symbol order costs 50-70%: 1.15 catches
-/// that, and not the few percent a Go child moves from machine to machine.
+/// Each figure is the larger of the plugin and its host-local child, read
+/// through GNU time ([`invoke_probed`]). Until session 12 both read the
+/// bench's own peak (~10 MB) and the ratio was 1.00-1.02 whatever the
+/// plugins did; read truly, ours is 5.4 MB against ptp's 5.2 MB (1.05). A
+/// stale symbol order costs 50-70%: 1.15 catches that, and not the few
+/// percent a Go child moves from machine to machine.
 const RSS_SLACK: f64 = 1.15;
 /// The longest one plugin call may take before the bench kills it.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
@@ -147,10 +147,42 @@ struct Sample {
 }
 
 /// Runs a binary with `env` and `stdin`, timing it and reading its peak RSS
-/// (wait4: the child and the descendants it waited for).
+/// (wait4: the child and the descendants it waited for; at least the
+/// bench's own, see [`invoke_probed`]).
 fn invoke(binary: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Sample {
+    spawn_and_wait(Command::new(binary), env, stdin)
+}
+
+/// GNU time, which the peak RSS of single calls is read through.
+const TIME: &str = "/usr/bin/time";
+
+/// [`invoke`] under GNU time (`time -f %M`), for the call's true peak RSS:
+/// the bench spawns by vfork, and the kernel counts the peak of the
+/// address space a process leaves at exec as that process's own, so a
+/// plugin spawned from the bench reads at least the bench's current RSS
+/// (~4 MB at start, 10-17 MB after its 32-way phases). time forks the
+/// plugin from its own small address space and reports the plugin's
+/// ru_maxrss (with the IPAM child it waited for). Its latency is not used.
+/// Without GNU time, [`invoke`]'s figure (an upper bound).
+fn invoke_probed(binary: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Sample {
+    if !Path::new(TIME).exists() {
+        return invoke(binary, env, stdin);
+    }
+    let out = tempfile::NamedTempFile::new().expect("a temporary file");
+    let mut time = Command::new(TIME);
+    time.args(["-f", "%M", "-o"]).arg(out.path()).arg(binary);
+    let mut sample = spawn_and_wait(time, env, stdin);
+    // The last line: "%M" (after "Command exited with non-zero status N").
+    sample.max_rss_kib = std::fs::read_to_string(out.path())
+        .ok()
+        .and_then(|t| t.lines().last().and_then(|l| l.trim().parse().ok()))
+        .unwrap_or(sample.max_rss_kib);
+    sample
+}
+
+fn spawn_and_wait(mut command: Command, env: &[(&str, &str)], stdin: &[u8]) -> Sample {
     let started = Instant::now();
-    let mut child = Command::new(binary)
+    let mut child = command
         .env_clear()
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
@@ -196,6 +228,24 @@ fn invoke(binary: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Sample {
 }
 
 fn cni(p: &Plugin, command: &str, i: usize, tag: &str) -> Sample {
+    cni_with(invoke, p, command, i, tag)
+}
+
+/// [`cni`] for its peak RSS ([`invoke_probed`]).
+fn cni_probed(p: &Plugin, command: &str, i: usize, tag: &str) -> Sample {
+    cni_with(invoke_probed, p, command, i, tag)
+}
+
+/// How a call is spawned: [`invoke`] or [`invoke_probed`].
+type Invoke = fn(&Path, &[(&str, &str)], &[u8]) -> Sample;
+
+fn cni_with(
+    invoke: Invoke,
+    p: &Plugin,
+    command: &str,
+    i: usize,
+    tag: &str,
+) -> Sample {
     let cid = format!("{i:04}{tag}bench");
     let netns = format!("/var/run/netns/{tag}-{i}");
     let env = [
@@ -271,7 +321,6 @@ fn row(label: &str, conc: usize, op: &str, s: &Stats) {
 
 /// Runs `op` for 0..n with `conc` workers; returns samples and wall time.
 fn phase(n: usize, conc: usize, op: impl Fn(usize) -> Sample + Sync) -> (Vec<Sample>, Duration) {
-    reset_peak_rss();
     let results = Mutex::new(Vec::with_capacity(n));
     let started = Instant::now();
     std::thread::scope(|s| {
@@ -286,18 +335,6 @@ fn phase(n: usize, conc: usize, op: impl Fn(usize) -> Sample + Sync) -> (Vec<Sam
         }
     });
     (results.into_inner().unwrap(), started.elapsed())
-}
-
-/// Resets this process's peak RSS to its current RSS (`clear_refs` 5).
-/// A plugin is spawned by vfork (posix_spawn), and the kernel records the
-/// peak RSS of the address space a process leaves at exec as that
-/// process's own: without the reset, every call's `ru_maxrss` would be at
-/// least the bench's largest RSS so far (its 100-thread bursts), not the
-/// plugin's.
-fn reset_peak_rss() {
-    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
-        eprintln!("bench: cannot reset the peak RSS: {e}");
-    }
 }
 
 /// What may leak: host veths, host routes, reservations, endpoints.
@@ -656,15 +693,6 @@ fn queue_tax(p: &Plugin, work: &Path, n: usize, rounds: usize) -> (Duration, Dur
 }
 
 fn main() {
-    // One malloc arena, memory given back: the bench's own RSS stays small
-    // (see reset_peak_rss: a call's peak RSS is at least the bench's RSS
-    // when it was spawned), however many threads its bursts start.
-    // SAFETY: mallopt only sets allocator parameters; called before any
-    // thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
-    }
     if let Err(e) = run() {
         eprintln!("bench failed: {e}");
         std::process::exit(1);
@@ -776,8 +804,7 @@ fn run() -> Result<(), Failure> {
             let tag = format!("br{}{}{k}", std::process::id() % 10000, p.tag());
             sh("ip", &["netns", "add", &format!("{tag}-0")]);
             for op in ["ADD", "DEL"] {
-                reset_peak_rss();
-                let s = cni(p, op, 0, &tag);
+                let s = cni_probed(p, op, 0, &tag);
                 bad |= !s.ok;
                 rss.get_mut(&(p.label, op)).unwrap().push(s.max_rss_kib);
             }

@@ -197,7 +197,13 @@ async fn create_endpoint(
     wep.spec.mac = mac.clone();
     wep.spec.interface_name = host_veth.clone();
     finalize(&mut wep, &ips)?;
-    let stored = write_record(ctx, &mut wep, replaces.as_deref()).await?;
+    // The record and the network's profile (independent: a profile is
+    // made once and never changed), at once.
+    let (stored, profile) = tokio::join!(
+        write_record(ctx, &mut wep, replaces.as_deref()),
+        ensure_profile(ctx)
+    );
+    let stored = stored?;
     undo.endpoint = Some((
         wep.metadata.namespace.clone(),
         wep.metadata.name.clone(),
@@ -206,9 +212,7 @@ async fn create_endpoint(
     tracing::debug!("endpoint stored");
     crate::fault::kill_point("endpoint");
     ctx.inject_fault("endpoint")?;
-
-    // The network's profile.
-    ensure_profile(ctx).await?;
+    profile?;
     ctx.inject_fault("profile")?;
 
     // Check that the result prints in the config's version before committing.

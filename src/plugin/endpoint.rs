@@ -54,14 +54,14 @@ pub fn endpoint_result(
 }
 
 /// The network's profile when `policy.type` is empty: created once, never
-/// updated.
+/// updated (so read as the datastore's cache holds it).
 pub async fn ensure_profile(ctx: &Context) -> Result<()> {
     let name = &ctx.req.conf.name;
     if !ctx.req.conf.policy.kind.is_empty() {
         return Ok(());
     }
     let store = ctx.store().await?;
-    match store.get::<Profile>("", name).await {
+    match store.get_cached::<Profile>("", name).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => match store.create(&mut Profile::for_network(name, false)).await {
             Ok(_) | Err(DatastoreError::AlreadyExists(_)) => Ok(()),
