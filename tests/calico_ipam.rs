@@ -802,6 +802,52 @@ fn block_copies_under_the_lock(_test: &str, w: &World) {
 }
 on_all!(block_copies_under_the_lock);
 
+/// What an ADD reads and where: configuration (IPAMConfig, the node's
+/// labels for the pool's node selector) from the API server's watch cache
+/// and before the host lock; under the lock, only the allocation's writes
+/// (here, a first ADD: the block's claim and the handle). Elsewhere, the
+/// same ADD and DEL work.
+fn configuration_is_read_before_the_lock(_test: &str, w: &World) {
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let conf = w.conf();
+    let c = container_id();
+    let mark = w.log().len();
+    w.ipam("ADD", &c, &conf, "").assert_ok();
+    if matches!(w.backend, Backend::Kdd) {
+        let log = w.log()[mark..].to_string();
+        let lines: Vec<&str> = log.lines().collect();
+        let at = |what: &str| {
+            lines
+                .iter()
+                .position(|l| l.contains(what))
+                .unwrap_or_else(|| panic!("no {what:?} in the log: {log}"))
+        };
+        let (taken, released) = (at("IPAM host lock taken"), at("IPAM host lock released"));
+        for read in ["/ipamconfigs/default?resourceVersion=0", "/nodes/"] {
+            let line = at(read);
+            assert!(line < taken, "{read} read under the host lock: {log}");
+            assert!(
+                lines[line].contains("resourceVersion=0"),
+                "{read} not read from the cache: {log}"
+            );
+        }
+        let under: Vec<&&str> = lines[taken..released]
+            .iter()
+            .filter(|l| l.contains("API request"))
+            .collect();
+        assert!(
+            under.iter().all(|l| !l.contains("method=GET ")
+                || l.contains("/ipamblocks")
+                || l.contains("/blockaffinities")),
+            "a configuration read under the host lock: {under:#?}"
+        );
+    }
+    w.ipam("DEL", &c, &conf, "").assert_ok();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+on_all!(configuration_is_read_before_the_lock);
+
 // ---------------------------------------------------------------------------
 // 45: requested pools must exist and be enabled.
 

@@ -288,6 +288,10 @@ impl World {
             "cniVersion": "0.3.1", "name": "k8s-pod-network", "type": "calico",
             "nodename": self.node, "nodename_file_optional": true, "log_level": "info",
             "log_file_path": dir.join("cni.log"), "ipam_lock_file": dir.join("ipam.lock"),
+            // Its own release queue: a DEL the counting proxy cut short
+            // must not leave the node-wide queue's replays (each up to its
+            // 1 s budget against a proxy gone) to later runs' ADDs.
+            "release_queue_dir": dir.join("release-queue"),
             "mtu": 1450, "ipam": {"type": "calico-ipam"},
         });
         // BENCH_LOG_LEVEL=debug: a profile's log, kept in /tmp.

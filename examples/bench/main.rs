@@ -239,13 +239,7 @@ fn cni_probed(p: &Plugin, command: &str, i: usize, tag: &str) -> Sample {
 /// How a call is spawned: [`invoke`] or [`invoke_probed`].
 type Invoke = fn(&Path, &[(&str, &str)], &[u8]) -> Sample;
 
-fn cni_with(
-    invoke: Invoke,
-    p: &Plugin,
-    command: &str,
-    i: usize,
-    tag: &str,
-) -> Sample {
+fn cni_with(invoke: Invoke, p: &Plugin, command: &str, i: usize, tag: &str) -> Sample {
     let cid = format!("{i:04}{tag}bench");
     let netns = format!("/var/run/netns/{tag}-{i}");
     let env = [

@@ -192,19 +192,19 @@ impl EtcdClient {
 
     /// The value of `key`, `None` when absent.
     pub async fn get(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
-        let mut kvs = self
-            .transport
-            .range(key, None, false, Read::Linearizable, self.deadline)
-            .await?;
-        Ok(kvs.pop())
+        self.get_as(key, Read::Linearizable).await
     }
 
     /// [`EtcdClient::get`] as the member that answers has it (a
     /// serializable read; see [`EtcdClient::list_local`]).
     pub async fn get_local(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
+        self.get_as(key, Read::Serializable).await
+    }
+
+    async fn get_as(&self, key: &str, read: Read) -> Result<Option<KeyValue>, EtcdError> {
         let mut kvs = self
             .transport
-            .range(key, None, false, Read::Serializable, self.deadline)
+            .range(key, None, false, read, self.deadline)
             .await?;
         Ok(kvs.pop())
     }

@@ -138,10 +138,8 @@ impl Store for EtcdStore {
         name: &str,
     ) -> Result<Option<Value>, DatastoreError> {
         let key = codec::key_of(kind, namespace, name)?;
-        match self.client.get(&key).await? {
-            Some(kv) => Self::decode_one(kind, &kv),
-            None => Ok(None),
-        }
+        let found = self.client.get(&key).await?;
+        found.map_or(Ok(None), |kv| Self::decode_one(kind, &kv))
     }
 
     /// As the member that answers has it (a serializable read: no round

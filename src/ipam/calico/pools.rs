@@ -214,6 +214,20 @@ mod tests {
         }
     }
 
+    #[test]
+    fn only_a_node_selector_other_than_all_needs_the_nodes_labels() {
+        let mut everyone = pool("a", "10.0.0.0/16");
+        everyone.spec.node_selector = "all()".into();
+        let unset = pool("b", "10.1.0.0/16");
+        assert!(!pools_select_nodes(&[everyone.clone(), unset.clone()]));
+        let mut some = pool("c", "10.2.0.0/16");
+        some.spec.node_selector = "rack == 'a'".into();
+        assert!(pools_select_nodes(&[everyone, unset, some.clone()]));
+        // A disabled pool is never assigned from: its selector is not read.
+        some.spec.disabled = true;
+        assert!(!pools_select_nodes(&[some]));
+    }
+
     fn run<F: std::future::Future>(f: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
             .build()
