@@ -247,7 +247,7 @@ async fn tunnel_address(
     node: &str,
 ) -> Result<(), String> {
     let k8s_node = client
-        .node(node)
+        .node(node, false)
         .await
         .map_err(|e| format!("failed to get k8s node resource: {e}"))?
         .ok_or_else(|| format!("failed to get k8s node resource: node {node} not found"))?;

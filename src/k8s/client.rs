@@ -615,39 +615,38 @@ impl K8sClient {
 
     /// GET of one object at `path` (made of valid names); 404 is `None`.
     pub async fn get_json(&self, what: &str, path: &str) -> Result<Option<Value>, K8sError> {
-        self.call(what, Self::request(http::Method::GET, path, None, None))
-            .await
+        self.get(what, path, false).await
     }
 
-    /// [`K8sClient::get_json`] as the API server's watch cache holds it.
-    pub async fn get_json_cached(&self, what: &str, path: &str) -> Result<Option<Value>, K8sError> {
-        self.get_cached(what, path).await
-    }
-
-    /// GET of one object as the API server's watch cache holds it
+    /// GET of one object at `path` (made of valid names); 404 is `None`.
+    /// `cached`: as the API server's watch cache holds it
     /// (`resourceVersion=0`): no read through to etcd, at most a few
     /// milliseconds behind the latest write (0.8 ms of the servers' CPU
-    /// against 2.8 ms for a read as of now, measured on the test bed).
-    /// When the cache does not have it (an object made a moment ago), read
-    /// as of now. For reads that shape a decision but are no write's
+    /// against 2.8 ms for a read as of now, measured on the test bed), and
+    /// read as of now when the cache does not have it (an object made a
+    /// moment ago). For reads that shape a decision but are no write's
     /// precondition: what a write rests on is read as of now, or checked
     /// by the write itself (a resourceVersion precondition).
-    async fn get_cached<T: DeserializeOwned>(
+    pub async fn get<T: DeserializeOwned>(
         &self,
         what: &str,
         path: &str,
+        cached: bool,
     ) -> Result<Option<T>, K8sError> {
-        let cached = format!("{path}?resourceVersion=0");
-        match self
-            .call(what, Self::request(http::Method::GET, &cached, None, None))
-            .await?
-        {
-            Some(found) => Ok(Some(found)),
-            None => {
-                self.call(what, Self::request(http::Method::GET, path, None, None))
-                    .await
+        if cached {
+            let from_cache = format!("{path}?resourceVersion=0");
+            let found = self
+                .call(
+                    what,
+                    Self::request(http::Method::GET, &from_cache, None, None),
+                )
+                .await?;
+            if found.is_some() {
+                return Ok(found);
             }
         }
+        self.call(what, Self::request(http::Method::GET, path, None, None))
+            .await
     }
 
     /// The items of a collection, optionally with a label selector, in
@@ -763,17 +762,7 @@ impl K8sClient {
     }
 
     pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, K8sError> {
-        let path = format!(
-            "/api/v1/namespaces/{}/pods/{}",
-            segment(namespace)?,
-            segment(name)?
-        );
-        let what = format!("error getting pod {namespace}/{name}");
-        let pod = self
-            .call(&what, Self::request(http::Method::GET, &path, None, None))
-            .await?;
-        self.remember(namespace, name, pod.as_ref());
-        Ok(pod)
+        self.read_pod(namespace, name, false).await
     }
 
     /// [`K8sClient::pod`] as the API server's watch cache holds it (the
@@ -781,13 +770,23 @@ impl K8sClient {
     /// serves). A write on the pod carries the resourceVersion read, so a
     /// stale read makes that write fail and read again.
     pub async fn pod_cached(&self, namespace: &str, name: &str) -> Result<Option<Pod>, K8sError> {
+        self.read_pod(namespace, name, true).await
+    }
+
+    /// The pod, remembered for the rest of the call.
+    async fn read_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        cached: bool,
+    ) -> Result<Option<Pod>, K8sError> {
         let path = format!(
             "/api/v1/namespaces/{}/pods/{}",
             segment(namespace)?,
             segment(name)?
         );
         let what = format!("error getting pod {namespace}/{name}");
-        let pod = self.get_cached(&what, &path).await?;
+        let pod = self.get(&what, &path, cached).await?;
         self.remember(namespace, name, pod.as_ref());
         Ok(pod)
     }
@@ -804,23 +803,16 @@ impl K8sClient {
     /// as the watch cache holds it.
     pub async fn namespace(&self, name: &str) -> Result<Option<Namespace>, K8sError> {
         let path = format!("/api/v1/namespaces/{}", segment(name)?);
-        let what = format!("error getting namespace {name}");
-        self.get_cached(&what, &path).await
-    }
-
-    pub async fn node(&self, name: &str) -> Result<Option<Node>, K8sError> {
-        let path = format!("/api/v1/nodes/{}", segment(name)?);
-        let what = format!("error getting node {name}");
-        self.call(&what, Self::request(http::Method::GET, &path, None, None))
+        self.get(&format!("error getting namespace {name}"), &path, true)
             .await
     }
 
-    /// [`K8sClient::node`] as the watch cache holds it (its labels and pod
+    /// A node; `cached`: as the watch cache holds it (its labels and pod
     /// CIDRs for a decision, no write).
-    pub async fn node_cached(&self, name: &str) -> Result<Option<Node>, K8sError> {
+    pub async fn node(&self, name: &str, cached: bool) -> Result<Option<Node>, K8sError> {
         let path = format!("/api/v1/nodes/{}", segment(name)?);
-        let what = format!("error getting node {name}");
-        self.get_cached(&what, &path).await
+        self.get(&format!("error getting node {name}"), &path, cached)
+            .await
     }
 
     /// Every pod bound to `node`, in all namespaces.

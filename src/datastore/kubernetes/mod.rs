@@ -304,13 +304,7 @@ impl KubernetesStore {
             .in_group(|group| {
                 let path = crd::path(kind, group, scope, name);
                 let what = &what;
-                async move {
-                    if cached {
-                        self.client.get_json_cached(what, &path).await
-                    } else {
-                        self.client.get_json(what, &path).await
-                    }
-                }
+                async move { self.client.get(what, &path, cached).await }
             })
             .await;
         match got {
@@ -324,12 +318,7 @@ impl KubernetesStore {
     /// A Kubernetes Node as the Calico Node pool nodeSelectors match: its
     /// name and labels.
     async fn node(&self, name: &str, cached: bool) -> Result<Option<Value>, DatastoreError> {
-        let node = if cached {
-            self.client.node_cached(name).await?
-        } else {
-            self.client.node(name).await?
-        };
-        let Some(node) = node else {
+        let Some(node) = self.client.node(name, cached).await? else {
             return Ok(None);
         };
         let m = &node.metadata;

@@ -24,7 +24,7 @@ pub struct KubernetesPod;
 /// The node's pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`).
 async fn pod_cidrs(client: &K8sClient, node: &str) -> Result<Vec<String>> {
     let node_obj = client
-        .node_cached(node)
+        .node(node, true)
         .await?
         .ok_or_else(|| Error::kubernetes(format!("node {node} does not exist")))?;
     let spec = node_obj.spec.unwrap_or_default();
