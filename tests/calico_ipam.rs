@@ -824,7 +824,13 @@ fn configuration_is_read_before_the_lock(_test: &str, w: &World) {
                 .unwrap_or_else(|| panic!("no {what:?} in the log: {log}"))
         };
         let (taken, released) = (at("IPAM host lock taken"), at("IPAM host lock released"));
-        for read in ["/ipamconfigs/default?resourceVersion=0", "/nodes/"] {
+        // The v3 group names the IPAM configuration `ipamconfigurations`.
+        let config = if v3_mode() {
+            "/ipamconfigurations/default?resourceVersion=0"
+        } else {
+            "/ipamconfigs/default?resourceVersion=0"
+        };
+        for read in [config, "/nodes/"] {
             let line = at(read);
             assert!(line < taken, "{read} read under the host lock: {log}");
             assert!(
