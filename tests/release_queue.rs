@@ -660,3 +660,76 @@ fn owed_releases_in_the_nodes_default_queue_never_make_status_fail() {
     );
     assert!(s.reservations().is_empty());
 }
+
+/// A network's entries left by DELs when its old datastore went away for
+/// good (the network now on another store): each replay meets a refused
+/// connection. An ADD of the network pays for one short attempt — not for
+/// the etcd client's pauses and retries of every due entry until the
+/// drain's one-second budget is spent — and the network's other due
+/// entries wait for the next call, still due.
+#[test]
+fn a_gone_datastore_costs_an_add_one_short_attempt() {
+    let test = "a_gone_datastore_costs_an_add_one_short_attempt";
+    if !root_or_skip(test) {
+        return;
+    }
+    let s = Setup::new("1.0.0", false);
+    let queue = s.dir.path().join("queue");
+    let name = format!("moved-{}", unique());
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let mut old = s.conf.clone();
+    old["name"] = json!(name);
+    old["release_queue_dir"] = json!(queue);
+    old["datastore_type"] = json!("etcdv3");
+    old["etcd_endpoints"] = json!(format!("http://127.0.0.1:{port}"));
+    let ns = Netns::new();
+    let cid = container_id();
+    let out = s.run_with("DEL", &cid, &ns.path(), "eth0", &old, &[]);
+    assert_ne!(out.code, 0, "a DEL whose datastore refuses: {out:?}");
+    let dir = queue.join(&name);
+    let first = entry_files(&queue)
+        .into_iter()
+        .find(|p| p.starts_with(&dir))
+        .unwrap_or_else(|| panic!("the DEL's entry: {out:?}"));
+    let entry: Value = serde_json::from_slice(&std::fs::read(&first).unwrap()).unwrap();
+    for _ in 1..3 {
+        let other = container_id();
+        let mut e = entry.clone();
+        e["container_id"] = json!(other);
+        e["vars"]["CNI_CONTAINERID"] = json!(other);
+        std::fs::write(dir.join(format!("{other}+eth0.json")), e.to_string()).unwrap();
+    }
+    for f in entry_files(&queue) {
+        make_due(&f);
+    }
+
+    let mut now = s.conf.clone();
+    now["name"] = json!(name);
+    now["release_queue_dir"] = json!(queue);
+    let (na, a) = (Netns::new(), container_id());
+    let started = std::time::Instant::now();
+    s.run_with("ADD", &a, &na.path(), "eth0", &now, &[])
+        .assert_ok();
+    let took = started.elapsed();
+    eprintln!("{test}: the ADD took {took:?}");
+    let attempts: Vec<u64> = of_network(&queue, &name)
+        .iter()
+        .map(|e| e["attempts"].as_u64().unwrap())
+        .collect();
+    assert_eq!(attempts.len(), 3, "{attempts:?}");
+    assert_eq!(
+        attempts.iter().sum::<u64>(),
+        1,
+        "one replay per call once one fails: {attempts:?}"
+    );
+    // The drain's budget is 1 s; one replay's, 300 ms.
+    assert!(
+        took < Duration::from_millis(900),
+        "the ADD took {took:?}: more than one short attempt"
+    );
+    s.run_with("DEL", &a, &na.path(), "eth0", &now, &[])
+        .assert_ok();
+}

@@ -14,7 +14,11 @@
 //! What a call pays, and when an entry is tried:
 //! - ADD, DEL and CHECK look only at their own network's entries (one
 //!   directory read; nothing when the network has none) and replay the
-//!   ones that are due, each once, within [`DRAIN_BUDGET`];
+//!   ones that are due, each once, within [`DRAIN_BUDGET`], until one
+//!   fails (the network's other entries most likely need the same
+//!   datastore: they wait for the next call);
+//! - each replay has [`REPLAY_BUDGET`]: a datastore that does not answer
+//!   costs a call one short attempt, not its whole budget;
 //! - STATUS and GC also replay the due entries of every other network
 //!   (networks removed from the node included), each once, within
 //!   [`SWEEP_BUDGET`], so that every entry is tried and, when it cannot
@@ -43,6 +47,12 @@ use crate::plugin::journal::{Journal, KEPT_VARS, Owed, backoff, entry_name, now_
 
 /// How long an ADD, DEL or CHECK may spend on its network's due entries.
 pub const DRAIN_BUDGET: Duration = Duration::from_secs(1);
+/// How long one replay may take. A healthy one takes milliseconds; a
+/// datastore that does not answer would otherwise hold the call for the
+/// whole budget (etcd's client pauses and asks again for a while when no
+/// member answers, which an ADD that waits for its own answer wants, and a
+/// replay, which comes back after its backoff anyway, does not).
+pub const REPLAY_BUDGET: Duration = Duration::from_millis(300);
 /// How long STATUS and GC may spend on every network's due entries.
 pub const SWEEP_BUDGET: Duration = Duration::from_secs(3);
 /// Failed attempts after which an entry that cannot succeed as recorded
@@ -63,15 +73,23 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 /// Whether a failed DEL is worth recording: not for a config or
 /// environment it will never accept (the runtime's own retry gets the same
-/// answer).
+/// answer). Of a DEL whose parts failed differently, yes when one part may
+/// succeed later (the endpoint's delete once the datastore is back, say).
 fn worth_queueing(e: &Error) -> bool {
-    !cannot_succeed(e)
+    match e {
+        Error::Several(parts) => parts.iter().any(worth_queueing),
+        e => !cannot_succeed(e),
+    }
 }
 
 /// Whether an error says the DEL cannot succeed as recorded, however often
 /// it is tried: its config or variables are refused, or its IPAM plugin
-/// (or the CNI_PATH holding it) is gone.
+/// (or the CNI_PATH holding it) is gone — in any of its parts, when
+/// several failed (the part that cannot succeed fails every replay).
 pub fn cannot_succeed(e: &Error) -> bool {
+    if let Error::Several(parts) = e {
+        return parts.iter().any(cannot_succeed);
+    }
     matches!(
         e,
         Error::InvalidConfig(_)
@@ -228,15 +246,25 @@ pub async fn replay(j: &Journal, mut owed: Owed, deadline: Instant) -> Replayed 
     }
 }
 
-/// Replays the due entries at `paths`, each once, until `end`.
-async fn replay_due(j: &Journal, paths: Vec<PathBuf>, end: Instant) {
+/// Replays the due entries at `paths`, each once and within
+/// [`REPLAY_BUDGET`], until `end`; with `until_a_failure`, none after one
+/// that failed and is still owed.
+async fn replay_due(j: &Journal, paths: Vec<PathBuf>, end: Instant, until_a_failure: bool) {
     let work = async {
         for path in paths {
             let (jr, p) = (j.clone(), path.clone());
             let Some(Some(owed)) = blocking(move || jr.read(&p)).await else {
                 continue;
             };
-            replay(j, owed, end).await;
+            let until = end.min(Instant::now() + REPLAY_BUDGET);
+            if let Replayed::Failed(_) = replay(j, owed, until).await
+                && until_a_failure
+            {
+                tracing::info!(
+                    "a queued release failed; the network's other due entries wait for the next call"
+                );
+                break;
+            }
         }
     };
     if tokio::time::timeout_at(end, work).await.is_err() {
@@ -275,7 +303,7 @@ pub async fn drain_own(ctx: &Context) -> bool {
         .map(PathBuf::from)
         .collect();
     if !due.is_empty() {
-        replay_due(&j, due, Instant::now() + DRAIN_BUDGET).await;
+        replay_due(&j, due, Instant::now() + DRAIN_BUDGET, true).await;
     }
     holds_current && req.env.command != Command::Add
 }
@@ -313,7 +341,7 @@ pub async fn sweep(ctx: &Context) -> Sweep {
         .unwrap_or_default()
     };
     if !due.is_empty() {
-        replay_due(&j, due, Instant::now() + SWEEP_BUDGET).await;
+        replay_due(&j, due, Instant::now() + SWEEP_BUDGET, false).await;
     }
     let sweep = blocking(move || Sweep {
         pending: j.pending().into_iter().map(|(_, o)| o).collect(),
@@ -340,4 +368,52 @@ pub async fn sweep(ctx: &Context) -> Sweep {
         );
     }
     sweep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cni::error::Kind;
+
+    fn unreachable() -> Error {
+        Error::Failed {
+            kind: Kind::Datastore,
+            what: "error deleting the WorkloadEndpoint".into(),
+            source: Some("connection refused".into()),
+        }
+    }
+
+    fn plugin_gone() -> Error {
+        Error::InvalidConfig("failed to find plugin \"calico-ipam\" in path [/gone]".into())
+    }
+
+    /// A DEL whose IPAM plugin is gone while its datastore was down: queued
+    /// (the endpoint's delete can succeed later), and given up on after
+    /// its futile attempts (its IPAM part fails every replay).
+    #[test]
+    fn a_del_failing_in_several_parts_is_judged_by_each() {
+        let both = Error::Several(vec![plugin_gone(), unreachable()]);
+        assert!(worth_queueing(&both));
+        assert!(cannot_succeed(&both));
+        let mut owed = Owed::new(
+            "net".into(),
+            "cid".into(),
+            "eth0".into(),
+            serde_json::json!({}),
+            HashMap::new(),
+            both.to_string(),
+        );
+        owed.attempts = FUTILE_ATTEMPTS - 1;
+        assert_eq!(give_up(&owed, &both), None);
+        owed.attempts = FUTILE_ATTEMPTS;
+        assert!(give_up(&owed, &both).is_some());
+
+        let retryable = Error::Several(vec![unreachable(), unreachable()]);
+        assert!(worth_queueing(&retryable));
+        assert!(!cannot_succeed(&retryable));
+        assert_eq!(give_up(&owed, &retryable), None);
+
+        let hopeless = Error::Several(vec![plugin_gone(), plugin_gone()]);
+        assert!(!worth_queueing(&hopeless));
+    }
 }
