@@ -348,6 +348,7 @@ impl Upstream {
         req: Request<Full<Bytes>>,
     ) -> Result<Response<Incoming>, Box<dyn Error + Send + Sync>> {
         let tcp = TcpStream::connect(&self.addr).await?;
+        tcp.set_nodelay(true)?;
         let tls = self.tls.connect(self.name.clone(), tcp).await?;
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
@@ -449,6 +450,9 @@ async fn accept_loop(
             _ = &mut stopped => return,
             accepted = listener.accept() => {
                 let Ok((tcp, _)) = accepted else { continue };
+                // As the clients and servers it stands between: without it a
+                // response written in pieces waits on a delayed ACK (40 ms).
+                let _ = tcp.set_nodelay(true);
                 tokio::spawn(serve_connection(tcp, acceptor.clone(), forwarder.clone()));
             }
         }
