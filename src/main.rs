@@ -15,6 +15,13 @@ fn print(exit: &Exit) {
 }
 
 fn main() {
+    // One malloc arena: the call's few threads (blocking pool, netns) run
+    // one after another, and each thread's own arena costs a 64 MB mapping
+    // grown page by page (≈60 page faults a call).
+    // SAFETY: mallopt only tunes glibc's allocator, before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     // A panic is a bug, but the runtime still gets a CNI error on stdout,
     // never a bare backtrace (release builds abort on panic, so the answer
     // is given here, before that).

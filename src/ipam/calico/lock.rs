@@ -80,50 +80,113 @@ fn open(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-fn lock(path: &Path) -> std::io::Result<Flock<File>> {
-    Flock::lock(open(path)?, FlockArg::LockExclusive).map_err(|(_, errno)| errno.into())
+fn lock(path: &Path, how: FlockArg) -> std::io::Result<Option<Flock<File>>> {
+    match Flock::lock(open(path)?, how) {
+        Ok(held) => Ok(Some(held)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) if how == FlockArg::LockExclusiveNonblock => {
+            Ok(None)
+        }
+        Err((_, errno)) => Err(errno.into()),
+    }
 }
 
-/// Takes the lock, waiting at most until `deadline`. The wait is on a
-/// thread of its own (a blocking flock cannot be cancelled; an abandoned
-/// waiter unlocks as soon as it gets the lock, and dies with the process).
+/// Takes the lock, waiting at most until `deadline`. When it is free (a
+/// node's usual case) it is taken at once on the blocking pool; else the
+/// wait is on a thread of its own (a blocking flock cannot be cancelled; an
+/// abandoned waiter unlocks as soon as it gets the lock, and dies with the
+/// process).
 pub async fn acquire(path: &Path, deadline: Instant) -> HostLock {
     let asked = Instant::now();
     let owned = path.to_path_buf();
+    let at_once = tokio::time::timeout_at(
+        deadline,
+        tokio::task::spawn_blocking(move || lock(&owned, FlockArg::LockExclusiveNonblock)),
+    )
+    .await;
+    let outcome: std::result::Result<Flock<File>, String> = match at_once {
+        Ok(Ok(Ok(Some(held)))) => Ok(held),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Err(_) => Err("not free before the deadline".to_string()),
+        // Held by another call (or the pool failed): wait for it.
+        Ok(Ok(Ok(None))) | Ok(Err(_)) => wait(path, deadline).await,
+    };
+    match outcome {
+        Ok(held) => {
+            tracing::debug!(
+                waited_ms = asked.elapsed().as_secs_f64() * 1e3,
+                "IPAM host lock taken"
+            );
+            HostLock {
+                held: Some(held),
+                path: path.to_path_buf(),
+                token: Arc::new(()),
+                since: Instant::now(),
+            }
+        }
+        Err(why) => {
+            tracing::warn!(path = %path.display(), "IPAM host lock: {why}; going on without it");
+            HostLock {
+                held: None,
+                path: path.to_path_buf(),
+                token: Arc::new(()),
+                since: Instant::now(),
+            }
+        }
+    }
+}
+
+/// Waits for the lock on a thread of its own, until `deadline`.
+async fn wait(path: &Path, deadline: Instant) -> std::result::Result<Flock<File>, String> {
+    let owned = path.to_path_buf();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let spawned = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("ipam-lock".into())
         .spawn(move || {
             // Sent back to the caller; dropped (unlocked) if it gave up.
-            let _ = tx.send(lock(&owned));
-        });
-    let outcome: std::result::Result<(), String> = match spawned {
-        Err(e) => Err(e.to_string()),
-        Ok(_) => match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Ok(held))) => {
-                tracing::debug!(
-                    waited_ms = asked.elapsed().as_secs_f64() * 1e3,
-                    "IPAM host lock taken"
-                );
-                return HostLock {
-                    held: Some(held),
-                    path: path.to_path_buf(),
-                    token: Arc::new(()),
-                    since: Instant::now(),
-                };
-            }
-            Ok(Ok(Err(e))) => Err(e.to_string()),
-            Ok(Err(_)) => Err("the waiting thread ended".to_string()),
-            Err(_) => Err("not free before the deadline".to_string()),
-        },
-    };
-    if let Err(why) = outcome {
-        tracing::warn!(path = %path.display(), "IPAM host lock: {why}; going on without it");
+            let _ = tx.send(lock(&owned, FlockArg::LockExclusive));
+        })
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout_at(deadline, rx).await {
+        Ok(Ok(Ok(Some(held)))) => Ok(held),
+        Ok(Ok(Ok(None))) => Err("the lock was not taken".to_string()),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(_)) => Err("the waiting thread ended".to_string()),
+        Err(_) => Err("not free before the deadline".to_string()),
     }
-    HostLock {
-        held: None,
-        path: path.to_path_buf(),
-        token: Arc::new(()),
-        since: Instant::now(),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Free, the lock is taken at once; held, a call waits for it until its
+    /// deadline and then goes on without it; released while a call waits,
+    /// that call gets it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_free_lock_is_taken_at_once_and_a_held_one_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/ipam.lock");
+        let first = acquire(&path, Instant::now() + Duration::from_secs(5)).await;
+        assert!(first.is_held());
+
+        let asked = Instant::now();
+        let second = acquire(&path, asked + Duration::from_millis(200)).await;
+        assert!(!second.is_held());
+        assert!(asked.elapsed() >= Duration::from_millis(200));
+
+        let waiter = tokio::spawn({
+            let path = path.clone();
+            async move {
+                acquire(&path, Instant::now() + Duration::from_secs(5))
+                    .await
+                    .is_held()
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiter.is_finished());
+        drop(first);
+        assert!(waiter.await.unwrap());
     }
 }
