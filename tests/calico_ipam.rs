@@ -854,6 +854,51 @@ fn configuration_is_read_before_the_lock(_test: &str, w: &World) {
 }
 on_all!(configuration_is_read_before_the_lock);
 
+/// The IPAM configuration, which most clusters never create (its absence
+/// means the defaults), is read once per call from the API server's watch
+/// cache, its "not found" included: no second read as of now. (The 404 is
+/// the fault proxy's, so that the test bed's shared configuration stays.)
+#[test]
+fn an_ipam_configuration_absent_from_the_cache_is_read_once() {
+    use common::faultproxy::{Fault, Rule};
+    let test = "an_ipam_configuration_absent_from_the_cache_is_read_once";
+    let Some(w) = World::new(test, Backend::Kdd) else {
+        return;
+    };
+    let bed = w.bed();
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let (proxy, kubeconfig) = bed.cni_through_proxy(w.dir.path(), "through-proxy");
+    let mut conf = w.conf();
+    conf["kubernetes"] = json!({"kubeconfig": kubeconfig});
+    let not_found = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": "not found", "reason": "NotFound",
+        "details": {"name": "default", "kind": "ipamconfigs"}, "code": 404});
+    proxy.push(Rule::on(
+        "GET",
+        "/ipamconfig",
+        Fault::Answer(404, "application/json", not_found.to_string()),
+    ));
+    let reads = || -> Vec<String> {
+        proxy
+            .requests()
+            .into_iter()
+            .filter(|(_, p)| p.contains("/ipamconfig"))
+            .map(|(_, p)| p)
+            .collect()
+    };
+    let cid = container_id();
+    w.ipam("ADD", &cid, &conf, "").assert_ok();
+    let after_add = reads();
+    assert_eq!(after_add.len(), 1, "{after_add:?}");
+    assert!(
+        after_add[0].ends_with("/default?resourceVersion=0"),
+        "{after_add:?}"
+    );
+    w.ipam("DEL", &cid, &conf, "").assert_ok();
+    assert_eq!(reads().len(), 2, "{:?}", reads());
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+
 // ---------------------------------------------------------------------------
 // 45: requested pools must exist and be enabled.
 

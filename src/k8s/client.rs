@@ -633,20 +633,29 @@ impl K8sClient {
         path: &str,
         cached: bool,
     ) -> Result<Option<T>, K8sError> {
-        if cached {
-            let from_cache = format!("{path}?resourceVersion=0");
-            let found = self
-                .call(
-                    what,
-                    Self::request(http::Method::GET, &from_cache, None, None),
-                )
-                .await?;
-            if found.is_some() {
-                return Ok(found);
-            }
+        if cached && let Some(found) = self.get_from_cache(what, path).await? {
+            return Ok(Some(found));
         }
         self.call(what, Self::request(http::Method::GET, path, None, None))
             .await
+    }
+
+    /// GET of one object as the API server's watch cache holds it
+    /// (`resourceVersion=0`), its "not found" taken as it is: for an object
+    /// whose absence means defaults (the IPAM configuration, which most
+    /// clusters never make), so that such a cluster does not pay a read as
+    /// of now on every call.
+    pub async fn get_from_cache<T: DeserializeOwned>(
+        &self,
+        what: &str,
+        path: &str,
+    ) -> Result<Option<T>, K8sError> {
+        let from_cache = format!("{path}?resourceVersion=0");
+        self.call(
+            what,
+            Self::request(http::Method::GET, &from_cache, None, None),
+        )
+        .await
     }
 
     /// The items of a collection, optionally with a label selector, in

@@ -298,14 +298,29 @@ impl KubernetesStore {
         if kind.name == Node::KIND.name {
             return self.node(name, cached).await;
         }
+        self.get_crd(kind, namespace, name, |what, path| async move {
+            self.client.get(&what, &path, cached).await
+        })
+        .await
+    }
+
+    /// A Calico object of a CRD, read by `read` (what for its errors, the
+    /// path).
+    async fn get_crd<F, Fut>(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        read: F,
+    ) -> Result<Option<Value>, DatastoreError>
+    where
+        F: Fn(String, String) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<Value>, K8sError>>,
+    {
         let (scope, name) = (Self::scope(kind, namespace)?, segment(name)?);
         let what = format!("error getting {}", kind.describe(namespace, name));
         let got = self
-            .in_group(|group| {
-                let path = crd::path(kind, group, scope, name);
-                let what = &what;
-                async move { self.client.get(what, &path, cached).await }
-            })
+            .in_group(|group| read(what.clone(), crd::path(kind, group, scope, name)))
             .await;
         match got {
             Ok(object) => Ok(object.map(|o| crd::from_crd(kind, o))),
@@ -435,6 +450,22 @@ impl Store for KubernetesStore {
         name: &str,
     ) -> Result<Option<Value>, DatastoreError> {
         self.get(kind, namespace, name, true).await
+    }
+
+    async fn get_object_cached_or_absent(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, DatastoreError> {
+        let special = [WorkloadEndpoint::KIND, Profile::KIND, Node::KIND];
+        if special.iter().any(|k| k.name == kind.name) {
+            return self.get(kind, namespace, name, true).await;
+        }
+        self.get_crd(kind, namespace, name, |what, path| async move {
+            self.client.get_from_cache(&what, &path).await
+        })
+        .await
     }
 
     /// Served from the API server's watch cache (a few milliseconds

@@ -227,7 +227,7 @@ impl<'a> Allocator<'a> {
             .get_or_try_init(|| async {
                 Ok(self
                     .store
-                    .get_cached::<IpamConfig>("", IpamConfig::NAME)
+                    .get_cached_or_absent::<IpamConfig>("", IpamConfig::NAME)
                     .await
                     .map_err(ds("error getting IPAMConfig"))?
                     .map_or_else(IpamConfigSpec::defaults, |c| c.spec))
