@@ -110,28 +110,24 @@ pub async fn acquire(path: &Path, deadline: Instant) -> HostLock {
         // Held by another call (or the pool failed): wait for it.
         Ok(Ok(Ok(None))) | Ok(Err(_)) => wait(path, deadline).await,
     };
-    match outcome {
+    let held = match outcome {
         Ok(held) => {
             tracing::debug!(
                 waited_ms = asked.elapsed().as_secs_f64() * 1e3,
                 "IPAM host lock taken"
             );
-            HostLock {
-                held: Some(held),
-                path: path.to_path_buf(),
-                token: Arc::new(()),
-                since: Instant::now(),
-            }
+            Some(held)
         }
         Err(why) => {
             tracing::warn!(path = %path.display(), "IPAM host lock: {why}; going on without it");
-            HostLock {
-                held: None,
-                path: path.to_path_buf(),
-                token: Arc::new(()),
-                since: Instant::now(),
-            }
+            None
         }
+    };
+    HostLock {
+        held,
+        path: path.to_path_buf(),
+        token: Arc::new(()),
+        since: Instant::now(),
     }
 }
 
