@@ -11,7 +11,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::faultproxy::{Fault, FaultProxy, Rule};
 use common::ipam::{Backend, World, address};
@@ -115,4 +115,81 @@ fn calico_ipam_through_etcd_faults() {
     assert!(queue_entry_files(&queue).is_empty());
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
     assert!(w.endpoints("default").is_empty());
+}
+
+/// A write whose answer is lost (applied by etcd, never answered: what a
+/// write meets when the leader it went through dies) or that never arrives
+/// is sent again after two seconds, within the call's deadline; one that
+/// was applied after all is recognised by what its key holds. ADD and DEL
+/// succeed and leave exactly one allocation, then none.
+#[test]
+fn a_write_whose_answer_is_lost_is_sent_again() {
+    let test = "a_write_whose_answer_is_lost_is_sent_again";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some(bed) = common::testbed::testbed(test) else {
+        return;
+    };
+    let Some(w) = World::new(test, Backend::Etcd) else {
+        return;
+    };
+    let a = w.etcd_access().clone();
+    let proxy = FaultProxy::start_with_identity(
+        &a.endpoints[0],
+        &a.ca,
+        bed.var("TESTBED_PROXY_CERT").as_ref(),
+        bed.var("TESTBED_PROXY_KEY").as_ref(),
+        Some((&a.cert, &a.key)),
+    );
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let mut conf = w.conf();
+    conf["etcd_endpoints"] = json!(proxy.url());
+    conf["deadline_seconds"] = json!(8);
+    let run = |verb: &str, cid: &str, netns: &str| w.plugin(verb, cid, netns, &conf, "", None);
+    let txn = |fault: Fault| Rule::on("POST", "/v3/kv/txn", fault).times(1);
+    let forwarded = || txn(Fault::Delay(Duration::ZERO));
+
+    // For each of an ADD's first three writes (the block's claim, the
+    // handle's create, the block's update), its answer lost; then one
+    // never delivered.
+    let mut sandboxes = Vec::new();
+    for (what, before, fault) in [
+        ("1st write's answer lost", 0, Fault::Lost),
+        ("2nd write's answer lost", 1, Fault::Lost),
+        ("3rd write's answer lost", 2, Fault::Lost),
+        ("1st write never delivered", 0, Fault::Hang),
+    ] {
+        proxy.clear();
+        for _ in 0..before {
+            proxy.push(forwarded());
+        }
+        proxy.push(txn(fault));
+        let (ns, cid) = (Netns::new(), container_id());
+        let started = Instant::now();
+        let r = run("ADD", &cid, &ns.path());
+        eprintln!("{what}: ADD in {:?}", started.elapsed());
+        let ip = address(&r.assert_ok().json(), 0).addr();
+        let handle = format!("net1.{cid}");
+        let owned: Vec<_> = w
+            .allocations()
+            .into_iter()
+            .filter(|(_, h)| *h == handle)
+            .map(|(ip, _)| ip)
+            .collect();
+        assert_eq!(owned, [ip], "{what}: one allocation");
+        sandboxes.push((ns, cid));
+    }
+    // A DEL whose writes' answers are lost: done all the same.
+    for (ns, cid) in &sandboxes {
+        proxy.clear();
+        proxy.push(txn(Fault::Lost));
+        run("DEL", cid, &ns.path()).assert_ok();
+        assert!(
+            w.handle(&format!("net1.{cid}")).is_none(),
+            "the handle of {cid} left"
+        );
+    }
+    proxy.clear();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
 }

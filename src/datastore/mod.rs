@@ -269,13 +269,9 @@ pub trait Store: Send + Sync {
     }
 
     /// As [`Store::get_object_cached`], the cache's "absent" taken as it
-    /// is where that costs nothing in safety: for an object whose absence
-    /// means defaults (IPAMConfig, which most clusters never create), so
-    /// that they do not pay a second read on every call. (On etcd the read
-    /// as of now stays, a linearizable request ahead of the call's first
-    /// write: without it, a write sent just after the leader was killed
-    /// went unanswered until the call's deadline, once in four runs of
-    /// tests/etcd_datastore.rs's member-loss test.)
+    /// is: for an object whose absence means defaults (IPAMConfig, which
+    /// most clusters never create), so that they do not pay a second read
+    /// on every call.
     async fn get_object_cached_or_absent(
         &self,
         kind: &'static Kind,

@@ -182,6 +182,11 @@ impl EtcdClient {
         self.transport.cluster_id()
     }
 
+    /// The deadline every request of this client is bounded by.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
     /// The same client bound to another deadline (cleanup budgets).
     pub fn until(&self, deadline: Instant) -> EtcdClient {
         EtcdClient {

@@ -38,6 +38,10 @@ pub enum Fault {
     Hang,
     /// Wait this long, then forward the request.
     Delay(Duration),
+    /// Forward the request, then never answer (the server applied it; its
+    /// answer is lost on the way, as a write's is when the leader it went
+    /// to dies).
+    Lost,
     /// Read the request, then reset the TCP connection (the client sees
     /// ECONNRESET and no answer).
     Reset,
@@ -57,6 +61,7 @@ impl std::fmt::Debug for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Fault::Hang => f.write_str("Hang"),
+            Fault::Lost => f.write_str("Lost"),
             Fault::Delay(d) => write!(f, "Delay({d:?})"),
             Fault::Reset => f.write_str("Reset"),
             Fault::Status(code) => write!(f, "Status({code})"),
@@ -375,8 +380,9 @@ impl Forwarder {
         let method = req.method().as_str();
         let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
         let fault = lock(&self.state).arrive(method, path);
+        let lost = matches!(fault, Some(Fault::Lost));
         match fault {
-            None => {}
+            None | Some(Fault::Lost) => {}
             Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
             Some(Fault::Before(action)) => {
                 tokio::task::spawn_blocking(move || action())
@@ -416,6 +422,12 @@ impl Forwarder {
             .unwrap_or_default();
         lock(&self.state).bytes.0 += body.len() as u64;
         let req = Request::from_parts(parts, Full::new(body));
+        if lost {
+            if let Ok(answer) = self.upstream.send(req).await {
+                let _ = answer.into_body().collect().await;
+            }
+            return std::future::pending().await;
+        }
         Ok(match self.upstream.send(req).await {
             Ok(answer) => {
                 let (parts, body) = answer.into_parts();

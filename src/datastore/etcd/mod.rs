@@ -57,7 +57,39 @@ fn revision_of(object: &Value, kind: &Kind) -> Result<i64, DatastoreError> {
     })
 }
 
+/// How long one write waits for its answer before it is sent again. A
+/// write proposed through a member whose leader has just died is lost with
+/// that leader, and etcd answers it only at its own request timeout (7 s
+/// by default; etcd-io/etcd#5214), past a call's deadline, while electing
+/// a new leader takes a second or two. Every write here is a
+/// compare-and-swap, so sending one again is safe: one that was applied
+/// after all fails its compare the second time, and is then recognised by
+/// what the key holds.
+const WRITE_ATTEMPT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl EtcdStore {
+    /// Runs `txn`, sent again each time an attempt goes [`WRITE_ATTEMPT`]
+    /// unanswered, until the call's deadline; also says whether an attempt
+    /// went unanswered (it may have been applied).
+    async fn txn_settled(
+        &self,
+        txn: &Txn,
+    ) -> Result<(crate::etcd::TxnResponse, bool), DatastoreError> {
+        let deadline = self.client.deadline();
+        let mut unanswered = false;
+        loop {
+            let until = deadline.min(Instant::now() + WRITE_ATTEMPT);
+            match self.client.until(until).txn(txn).await {
+                Ok(answer) => return Ok((answer, unanswered)),
+                Err(crate::etcd::EtcdError::Timeout(e)) if until < deadline => {
+                    tracing::info!("an etcd write went unanswered ({e}); sending it again");
+                    unanswered = true;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Writes `object` at its key in one transaction when `compare`
     /// holds: the object as stored (its resourceVersion the revision that
     /// wrote it), or, when the compare failed, the object and the answer
@@ -70,26 +102,32 @@ impl EtcdStore {
         read_back: bool,
     ) -> Result<Result<Value, (Value, crate::etcd::TxnResponse)>, DatastoreError> {
         let (key, value) = codec::encode(kind, &object)?;
-        let answer = self
-            .client
-            .txn(&Txn {
+        let (answer, unanswered) = self
+            .txn_settled(&Txn {
                 compare: vec![compare],
-                success: vec![Op::Put(key.clone(), value)],
+                success: vec![Op::Put(key.clone(), value.clone())],
                 failure: if read_back {
-                    vec![Op::Get(key)]
+                    vec![Op::Get(key.clone())]
                 } else {
                     vec![]
                 },
             })
             .await?;
-        if !answer.succeeded {
-            return Ok(Err((object, answer)));
-        }
-        set_meta(
-            &mut object,
-            "resourceVersion",
-            json!(answer.revision.to_string()),
-        )?;
+        let revision = if answer.succeeded {
+            answer.revision
+        } else {
+            // An earlier attempt, unanswered, may have been the one applied:
+            // then the key holds exactly what it wrote.
+            let applied = match unanswered {
+                true => self.client.get(&key).await?.filter(|kv| kv.value == value),
+                false => None,
+            };
+            match applied {
+                Some(kv) => kv.mod_revision,
+                None => return Ok(Err((object, answer))),
+            }
+        };
+        set_meta(&mut object, "resourceVersion", json!(revision.to_string()))?;
         Ok(Ok(object))
     }
 }
@@ -154,6 +192,19 @@ impl Store for EtcdStore {
         match self.client.get_local(&key).await? {
             Some(kv) => Self::decode_one(kind, &kv),
             None => self.get_object(kind, namespace, name).await,
+        }
+    }
+
+    async fn get_object_cached_or_absent(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, DatastoreError> {
+        let key = codec::key_of(kind, namespace, name)?;
+        match self.client.get_local(&key).await? {
+            Some(kv) => Self::decode_one(kind, &kv),
+            None => Ok(None),
         }
     }
 
@@ -271,9 +322,8 @@ impl Store for EtcdStore {
             }
             (None, None) => None,
         };
-        let answer = self
-            .client
-            .txn(&Txn {
+        let (answer, unanswered) = self
+            .txn_settled(&Txn {
                 compare: revision
                     .map(|r| Compare::ModRevision(key.clone(), r))
                     .into_iter()
@@ -284,6 +334,8 @@ impl Store for EtcdStore {
             .await?;
         match (answer.succeeded, answer.responses.first()) {
             (true, Some(OpResponse::Delete(n))) if *n > 0 => Ok(()),
+            // Gone: deleted by an earlier attempt whose answer was lost.
+            (true, _) | (false, Some(OpResponse::Get(None)) | None) if unanswered => Ok(()),
             (true, _) => Err(DatastoreError::NotFound(what)),
             (false, Some(OpResponse::Get(Some(kv)))) => Err(DatastoreError::Conflict(format!(
                 "{what} is at revision {}, not {}",
