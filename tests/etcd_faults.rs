@@ -18,18 +18,11 @@ use common::ipam::{Backend, World, address};
 use common::*;
 use serde_json::json;
 
-#[test]
-fn calico_ipam_through_etcd_faults() {
-    let test = "calico_ipam_through_etcd_faults";
-    if !root_or_skip(test) {
-        return;
-    }
-    let Some(bed) = common::testbed::testbed(test) else {
-        return;
-    };
-    let Some(w) = World::new(test, Backend::Etcd) else {
-        return;
-    };
+/// A world on the test bed's etcd and a fault proxy in front of its first
+/// member (`None`: the test bed is not there).
+fn behind_a_proxy(test: &str) -> Option<(World, FaultProxy)> {
+    let bed = common::testbed::testbed(test)?;
+    let w = World::new(test, Backend::Etcd)?;
     let a = w.etcd_access().clone();
     let proxy = FaultProxy::start_with_identity(
         &a.endpoints[0],
@@ -38,6 +31,19 @@ fn calico_ipam_through_etcd_faults() {
         bed.var("TESTBED_PROXY_KEY").as_ref(),
         Some((&a.cert, &a.key)),
     );
+    Some((w, proxy))
+}
+
+#[test]
+fn calico_ipam_through_etcd_faults() {
+    let test = "calico_ipam_through_etcd_faults";
+    if !root_or_skip(test) {
+        return;
+    }
+    let Some((w, proxy)) = behind_a_proxy(test) else {
+        return;
+    };
+    let a = w.etcd_access().clone();
     w.pool(&w.v4(0).to_string(), json!({"blockSize": 28}));
     let mut conf = w.conf();
     conf["cniVersion"] = json!("1.1.0");
@@ -128,20 +134,9 @@ fn a_write_whose_answer_is_lost_is_sent_again() {
     if !root_or_skip(test) {
         return;
     }
-    let Some(bed) = common::testbed::testbed(test) else {
+    let Some((w, proxy)) = behind_a_proxy(test) else {
         return;
     };
-    let Some(w) = World::new(test, Backend::Etcd) else {
-        return;
-    };
-    let a = w.etcd_access().clone();
-    let proxy = FaultProxy::start_with_identity(
-        &a.endpoints[0],
-        &a.ca,
-        bed.var("TESTBED_PROXY_CERT").as_ref(),
-        bed.var("TESTBED_PROXY_KEY").as_ref(),
-        Some((&a.cert, &a.key)),
-    );
     w.pool(&w.v4(0).to_string(), json!({}));
     let mut conf = w.conf();
     conf["etcd_endpoints"] = json!(proxy.url());

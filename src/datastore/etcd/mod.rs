@@ -133,6 +133,21 @@ impl EtcdStore {
 }
 
 impl EtcdStore {
+    /// The object as the member that answers has it (a serializable
+    /// read); `None` when that member has no such key.
+    async fn read_local(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Option<Value>>, DatastoreError> {
+        let key = codec::key_of(kind, namespace, name)?;
+        match self.client.get_local(&key).await? {
+            Some(kv) => Self::decode_one(kind, &kv).map(Some),
+            None => Ok(None),
+        }
+    }
+
     async fn list_read(
         &self,
         kind: &'static Kind,
@@ -188,9 +203,8 @@ impl Store for EtcdStore {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, DatastoreError> {
-        let key = codec::key_of(kind, namespace, name)?;
-        match self.client.get_local(&key).await? {
-            Some(kv) => Self::decode_one(kind, &kv),
+        match self.read_local(kind, namespace, name).await? {
+            Some(object) => Ok(object),
             None => self.get_object(kind, namespace, name).await,
         }
     }
@@ -201,11 +215,7 @@ impl Store for EtcdStore {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, DatastoreError> {
-        let key = codec::key_of(kind, namespace, name)?;
-        match self.client.get_local(&key).await? {
-            Some(kv) => Self::decode_one(kind, &kv),
-            None => Ok(None),
-        }
+        Ok(self.read_local(kind, namespace, name).await?.flatten())
     }
 
     /// As the member that answers has them (a serializable read, as the

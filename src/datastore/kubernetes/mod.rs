@@ -36,7 +36,7 @@ use super::ipam_model::Node;
 use super::model::{API_VERSION, Profile, WorkloadEndpoint};
 use super::names::WepIdentifiers;
 use super::{Backend, DatastoreError, Kind, ListFilter, Precondition, Resource, Store, meta_field};
-use crate::k8s::client::{CalicoApiGroup, K8sClient, K8sError, segment};
+use crate::k8s::client::{CalicoApiGroup, Freshness, K8sClient, K8sError, segment};
 use crate::k8s::objects::Pod;
 
 /// Attempts at a conditional create that keeps meeting concurrent writers.
@@ -281,13 +281,13 @@ impl KubernetesStore {
             .map(|_| ())
     }
 
-    /// One object, as of now or (`cached`) as the watch cache holds it.
+    /// One object, as current as `fresh` asks.
     async fn get(
         &self,
         kind: &'static Kind,
         namespace: &str,
         name: &str,
-        cached: bool,
+        fresh: Freshness,
     ) -> Result<Option<Value>, DatastoreError> {
         if kind.name == WorkloadEndpoint::KIND.name {
             return Err(records_elsewhere());
@@ -296,31 +296,16 @@ impl KubernetesStore {
             return Ok(None);
         }
         if kind.name == Node::KIND.name {
-            return self.node(name, cached).await;
+            return self.node(name, fresh != Freshness::Latest).await;
         }
-        self.get_crd(kind, namespace, name, |what, path| async move {
-            self.client.get(&what, &path, cached).await
-        })
-        .await
-    }
-
-    /// A Calico object of a CRD, read by `read` (what for its errors, the
-    /// path).
-    async fn get_crd<F, Fut>(
-        &self,
-        kind: &'static Kind,
-        namespace: &str,
-        name: &str,
-        read: F,
-    ) -> Result<Option<Value>, DatastoreError>
-    where
-        F: Fn(String, String) -> Fut,
-        Fut: std::future::Future<Output = Result<Option<Value>, K8sError>>,
-    {
         let (scope, name) = (Self::scope(kind, namespace)?, segment(name)?);
         let what = format!("error getting {}", kind.describe(namespace, name));
         let got = self
-            .in_group(|group| read(what.clone(), crd::path(kind, group, scope, name)))
+            .in_group(|group| {
+                let path = crd::path(kind, group, scope, name);
+                let what = &what;
+                async move { self.client.get(what, &path, fresh).await }
+            })
             .await;
         match got {
             Ok(object) => Ok(object.map(|o| crd::from_crd(kind, o))),
@@ -438,7 +423,7 @@ impl Store for KubernetesStore {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, DatastoreError> {
-        self.get(kind, namespace, name, false).await
+        self.get(kind, namespace, name, Freshness::Latest).await
     }
 
     /// From the API server's watch cache (`resourceVersion=0`; read as of
@@ -449,7 +434,7 @@ impl Store for KubernetesStore {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, DatastoreError> {
-        self.get(kind, namespace, name, true).await
+        self.get(kind, namespace, name, Freshness::Cached).await
     }
 
     async fn get_object_cached_or_absent(
@@ -458,14 +443,7 @@ impl Store for KubernetesStore {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, DatastoreError> {
-        let special = [WorkloadEndpoint::KIND, Profile::KIND, Node::KIND];
-        if special.iter().any(|k| k.name == kind.name) {
-            return self.get(kind, namespace, name, true).await;
-        }
-        self.get_crd(kind, namespace, name, |what, path| async move {
-            self.client.get_from_cache(&what, &path).await
-        })
-        .await
+        self.get(kind, namespace, name, Freshness::CacheOnly).await
     }
 
     /// Served from the API server's watch cache (a few milliseconds
