@@ -199,6 +199,15 @@ impl Store for Counting {
                 .await,
         )
     }
+    fn writes_together(&self) -> bool {
+        self.inner.writes_together()
+    }
+    async fn write_together(
+        &self,
+        writes: Vec<calico_cni::datastore::Write>,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        self.count(self.inner.write_together(writes).await)
+    }
     async fn list_names(
         &self,
         kind: &'static Kind,

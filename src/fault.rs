@@ -5,8 +5,9 @@
 //! a runtime does next leaks nothing. Without the feature, nothing.
 //!
 //! ADD steps: `ipam-handle` (calico-ipam's handle written, its block not
-//! yet), `ipam` (addresses allocated), `veth` (the pair created),
-//! `addresses` (container routes and addresses set), `host-routes`,
+//! yet; on a datastore that writes both in one transaction, both), `ipam`
+//! (addresses allocated), `veth` (the pair created), `addresses`
+//! (container routes and addresses set), `host-routes`,
 //! `endpoint` (the record written). DEL steps: `del-netns` (the pod's
 //! interface gone), `del-ipam` (addresses released), `del-endpoint` (the
 //! record removed). `calico-ipam -upgrade`: `upgrade-not-ready` (the

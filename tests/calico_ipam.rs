@@ -854,6 +854,217 @@ fn configuration_is_read_before_the_lock(_test: &str, w: &World) {
 }
 on_all!(configuration_is_read_before_the_lock);
 
+/// On the Kubernetes datastore (one object per write), an ADD writes its
+/// handle before the host lock, naming the block this host's calls last
+/// wrote, so that under the lock it writes the block alone. A handle
+/// naming another block than the one its address came from is made to
+/// name that one (before the block's write); a failed ADD deletes it.
+fn the_handle_is_written_ahead_of_the_lock(_test: &str, w: &World) {
+    let (a, b) = (w.v4(0), w.v4(1));
+    w.pool(&a.to_string(), json!({}));
+    let conf = w.conf_with_ipam(json!({"ipv4_pools": [a.to_string()]}));
+    let block_of = |ip: IpAddr| {
+        w.blocks()
+            .into_iter()
+            .filter_map(|b| {
+                b["spec"]["cidr"]
+                    .as_str()
+                    .and_then(|c| c.parse::<IpNet>().ok())
+            })
+            .find(|n| n.contains(&ip))
+            .expect("the address's block")
+    };
+    let handle_blocks =
+        |cid: &str| w.handle(&format!("net1.{cid}")).expect("the handle")["spec"]["block"].clone();
+    // The first ADD claims the block (no copy of it yet: the handle is
+    // written under the lock).
+    let first = container_id();
+    w.ipam("ADD", &first, &conf, "").assert_ok();
+
+    let c = container_id();
+    let mark = w.log().len();
+    let ip = address(&w.ipam("ADD", &c, &conf, "").assert_ok().json(), 0).addr();
+    let log = w.log()[mark..].to_string();
+    let lines: Vec<&str> = log.lines().collect();
+    let at = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} in the log: {log}"))
+    };
+    let (taken, released) = (at("IPAM host lock taken"), at("IPAM host lock released"));
+    // (Either API group: crd.projectcalico.org/v1 or projectcalico.org/v3.)
+    let handle_write = lines
+        .iter()
+        .position(|l| l.contains("method=POST ") && l.contains("/ipamhandles "))
+        .unwrap_or_else(|| panic!("no handle written in the log: {log}"));
+    assert!(
+        handle_write < taken,
+        "the handle written under the lock: {log}"
+    );
+    let writes: Vec<&&str> = lines[taken..released]
+        .iter()
+        .filter(|l| l.contains("API request") && !l.contains("method=GET "))
+        .collect();
+    assert_eq!(writes.len(), 1, "the block's write alone: {writes:#?}");
+    assert!(
+        writes[0].contains("method=PUT ") && writes[0].contains("/ipamblocks/"),
+        "{writes:#?}"
+    );
+    assert_eq!(handle_blocks(&c), json!({block_of(ip).to_string(): 1}));
+
+    // Another pool asked for: the handle written ahead names the first
+    // pool's block, the address comes from the other's.
+    w.pool(&b.to_string(), json!({}));
+    let other = w.conf_with_ipam(json!({"ipv4_pools": [b.to_string()]}));
+    let d = container_id();
+    let ip_b = address(&w.ipam("ADD", &d, &other, "").assert_ok().json(), 0).addr();
+    assert!(b.contains(&ip_b), "{ip_b}");
+    assert_eq!(handle_blocks(&d), json!({block_of(ip_b).to_string(): 1}));
+
+    // A failed ADD (a pool that does not exist) leaves no handle.
+    let missing = w.conf_with_ipam(json!({"ipv4_pools": [w.v4(2).to_string()]}));
+    let e = container_id();
+    let failed = w.ipam("ADD", &e, &missing, "");
+    assert_ne!(failed.code, 0, "{failed:?}");
+    assert!(
+        w.handle(&format!("net1.{e}")).is_none(),
+        "a handle left: {failed:?}"
+    );
+
+    w.ipam("DEL", &first, &conf, "").assert_ok();
+    w.ipam("DEL", &c, &conf, "").assert_ok();
+    w.ipam("DEL", &d, &other, "").assert_ok();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+
+mod the_handle_is_written_ahead_of_the_lock {
+    use super::*;
+    variant!(the_handle_is_written_ahead_of_the_lock, kdd, Kdd);
+}
+
+/// The stores that write several objects in one transaction (the embedded
+/// store, etcd) write an allocation's handle and block together: each
+/// write on its own precondition, all or none.
+fn handle_and_block_are_written_together(_test: &str, w: &World) {
+    use calico_cni::datastore::ipam_model::IpamHandle;
+    use calico_cni::datastore::{DatastoreError, Resource, Write};
+    let handle = |name: &str, id: &str| {
+        json!({"kind": "IPAMHandle", "apiVersion": "projectcalico.org/v3",
+               "metadata": {"name": name},
+               "spec": {"handleID": id, "block": {"10.0.0.0/26": 1}}})
+    };
+    let kind = IpamHandle::KIND;
+    let (a, b) = (
+        w.handle_name(&format!("wt-a-{}", unique())),
+        w.handle_name(&format!("wt-b-{}", unique())),
+    );
+    let stored_b = w.create::<IpamHandle>(handle(&b, &b));
+    let mut stale_b = stored_b.clone();
+    stale_b["spec"]["block"]["10.0.0.0/26"] = json!(2);
+    let mut older = stale_b.clone();
+    older["metadata"]["resourceVersion"] = json!("1");
+
+    // A stale update refuses the whole: the create beside it is not made.
+    let refused = w.write_together(vec![
+        Write::Create(kind, handle(&a, &a)),
+        Write::Update(kind, older),
+    ]);
+    assert!(
+        matches!(refused, Err(DatastoreError::Conflict(_))),
+        "{refused:?}"
+    );
+    assert!(w.get::<IpamHandle>(&a).is_none());
+
+    // Both hold: both written, each answered as stored.
+    let written = w
+        .write_together(vec![
+            Write::Create(kind, handle(&a, &a)),
+            Write::Update(kind, stale_b.clone()),
+        ])
+        .unwrap();
+    let got_a = w
+        .get::<calico_cni::datastore::ipam_model::IpamHandle>(&a)
+        .unwrap();
+    let got_b = w
+        .get::<calico_cni::datastore::ipam_model::IpamHandle>(&b)
+        .unwrap();
+    assert_eq!(
+        written[0]["metadata"]["resourceVersion"],
+        got_a["metadata"]["resourceVersion"]
+    );
+    assert_eq!(
+        written[1]["metadata"]["resourceVersion"],
+        got_b["metadata"]["resourceVersion"]
+    );
+    assert_eq!(got_b["spec"]["block"]["10.0.0.0/26"], json!(2), "{got_b}");
+
+    // Each refusal says which precondition failed; nothing is written.
+    let again = w.write_together(vec![
+        Write::Update(kind, got_b.clone()),
+        Write::Create(kind, handle(&a, &a)),
+    ]);
+    assert!(
+        matches!(again, Err(DatastoreError::AlreadyExists(_))),
+        "{again:?}"
+    );
+    let gone = handle(&format!("wt-gone-{}", unique()), "gone");
+    let mut gone_update = gone.clone();
+    gone_update["metadata"]["resourceVersion"] = got_b["metadata"]["resourceVersion"].clone();
+    let missing = w.write_together(vec![Write::Update(kind, gone_update)]);
+    assert!(
+        matches!(missing, Err(DatastoreError::NotFound(_))),
+        "{missing:?}"
+    );
+    assert_eq!(
+        w.get::<IpamHandle>(&b).unwrap()["metadata"]["resourceVersion"],
+        got_b["metadata"]["resourceVersion"],
+        "a refused write changed nothing"
+    );
+    w.delete::<IpamHandle>(&a);
+    w.delete::<IpamHandle>(&b);
+
+    // An ADD's allocation: the handle and the block in one transaction
+    // (on etcd, one revision wrote both).
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({}));
+    let conf = w.conf();
+    let first = container_id();
+    w.ipam("ADD", &first, &conf, "").assert_ok();
+    let c = container_id();
+    let r = w.ipam("ADD", &c, &conf, "").assert_ok().json();
+    let ip = address(&r, 0).addr();
+    let handle = w
+        .get::<calico_cni::datastore::ipam_model::IpamHandle>(&w.handle_name(&format!("net1.{c}")))
+        .expect("the handle");
+    let block = w
+        .blocks()
+        .into_iter()
+        .find(|b| {
+            b["spec"]["cidr"]
+                .as_str()
+                .and_then(|c| c.parse::<IpNet>().ok())
+                .is_some_and(|n| n.contains(&ip))
+        })
+        .expect("the block");
+    if w.backend == Backend::Etcd {
+        assert_eq!(
+            handle["metadata"]["resourceVersion"], block["metadata"]["resourceVersion"],
+            "one transaction: {handle} {block}"
+        );
+    }
+    for cid in [&first, &c] {
+        w.ipam("DEL", cid, &conf, "").assert_ok();
+    }
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+
+mod handle_and_block_are_written_together {
+    use super::*;
+    variant!(handle_and_block_are_written_together, embedded, Embedded);
+    variant!(handle_and_block_are_written_together, etcd, Etcd);
+}
+
 /// The IPAM configuration, which most clusters never create (its absence
 /// means the defaults), is read once per call from the API server's watch
 /// cache, its "not found" included: no second read as of now. (The 404 is
@@ -896,6 +1107,59 @@ fn an_ipam_configuration_absent_from_the_cache_is_read_once() {
     );
     w.ipam("DEL", &cid, &conf, "").assert_ok();
     assert_eq!(reads().len(), 2, "{:?}", reads());
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+
+/// The calico plugin starts its in-process calico-ipam's reads (the IPAM
+/// configuration, the pools, this host's affinities) with the call: they
+/// wait neither for the datastore's readiness nor for the pod's reads
+/// (only the writes do). With the pod's read and the pools' list each
+/// held 800 ms by the fault proxy, the ADD takes one hold, not both.
+#[test]
+fn the_assignments_reads_start_with_the_call() {
+    use common::faultproxy::{Fault, Rule};
+    use std::time::{Duration, Instant};
+    let test = "the_assignments_reads_start_with_the_call";
+    let Some(w) = World::new(test, Backend::Kdd) else {
+        return;
+    };
+    let bed = w.bed();
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let ns = bed.namespace(json!({}), json!({}));
+    w.pod(&ns, "early", json!({}));
+    let (proxy, kubeconfig) = bed.cni_through_proxy(w.dir.path(), "through-proxy");
+    let mut conf = w.conf();
+    conf["kubernetes"] = json!({"kubeconfig": kubeconfig});
+    conf["policy"] = json!({"type": "k8s"});
+    let hold = Duration::from_millis(800);
+    proxy.push(Rule::on("GET", "/pods/early", Fault::Delay(hold)));
+    proxy.push(Rule::on("GET", "/ippools", Fault::Delay(hold)));
+    let (netns, cid) = (Netns::new(), container_id());
+    let args = format!(
+        "K8S_POD_NAMESPACE={};K8S_POD_NAME=early;K8S_POD_INFRA_CONTAINER_ID={cid}",
+        ns.name
+    );
+    let started = Instant::now();
+    w.plugin("ADD", &cid, &netns.path(), &conf, &args, None)
+        .assert_ok();
+    let took = started.elapsed();
+    proxy.clear();
+    let requests = proxy.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|(m, p)| m == "GET" && p.contains("/pods/early"))
+            && requests
+                .iter()
+                .any(|(m, p)| m == "GET" && p.contains("/ippools")),
+        "both held reads made: {requests:?}"
+    );
+    assert!(
+        took < hold * 2 - Duration::from_millis(300),
+        "the reads waited for each other: ADD in {took:?}"
+    );
+    w.plugin("DEL", &cid, &netns.path(), &conf, &args, None)
+        .assert_ok();
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
 }
 

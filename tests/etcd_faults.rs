@@ -145,15 +145,16 @@ fn a_write_whose_answer_is_lost_is_sent_again() {
     let txn = |fault: Fault| Rule::on("POST", "/v3/kv/txn", fault).times(1);
     let forwarded = || txn(Fault::Delay(Duration::ZERO));
 
-    // For each of an ADD's first three writes (the block's claim, the
-    // handle's create, the block's update), its answer lost; then one
-    // never delivered.
+    // The first ADD's first write (the block's claim) with its answer
+    // lost; then a later ADD's allocation (the handle and the block, one
+    // transaction of two keys), its record; then an allocation never
+    // delivered.
     let mut sandboxes = Vec::new();
     for (what, before, fault) in [
-        ("1st write's answer lost", 0, Fault::Lost),
-        ("2nd write's answer lost", 1, Fault::Lost),
-        ("3rd write's answer lost", 2, Fault::Lost),
-        ("1st write never delivered", 0, Fault::Hang),
+        ("the claim's 1st write's answer lost", 0, Fault::Lost),
+        ("the allocation's answer lost", 0, Fault::Lost),
+        ("the record's answer lost", 1, Fault::Lost),
+        ("the allocation never delivered", 0, Fault::Hang),
     ] {
         proxy.clear();
         for _ in 0..before {
@@ -165,6 +166,7 @@ fn a_write_whose_answer_is_lost_is_sent_again() {
         let r = run("ADD", &cid, &ns.path());
         eprintln!("{what}: ADD in {:?}", started.elapsed());
         let ip = address(&r.assert_ok().json(), 0).addr();
+        assert_eq!(proxy.rules_left(), 0, "{what}: the fault was met");
         let handle = format!("net1.{cid}");
         let owned: Vec<_> = w
             .allocations()

@@ -264,3 +264,49 @@ fn gc_collects_host_local_reservations() {
     assert_eq!(reservations(), ["last_reserved_ip.0", "lock"]);
     assert!(cids_of_endpoints(&w).is_empty());
 }
+
+/// On the Kubernetes datastore an ADD writes its handle before the IPAM
+/// lock (the block alone is written under it), so a handle holding
+/// nothing may belong to an ADD on its way to the lock: GC, holding the
+/// lock, takes it for a killed ADD's leftover only once it is older than
+/// a call's deadline.
+#[test]
+fn a_handle_written_ahead_of_the_lock_is_left_to_its_add() {
+    let test = "a_handle_written_ahead_of_the_lock_is_left_to_its_add";
+    let Some(w) = World::new(test, Backend::Kdd) else {
+        return;
+    };
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let a = container_id();
+    let ip = address(&w.ipam("ADD", &a, &w.conf(), "").assert_ok().json(), 0).addr();
+    let block = w
+        .blocks()
+        .into_iter()
+        .filter_map(|b| b["spec"]["cidr"].as_str().map(str::to_string))
+        .find(|c| c.parse::<ipnet::IpNet>().unwrap().contains(&ip))
+        .expect("the ADD's block");
+    // What an ADD leaves between its handle and the lock (or when killed
+    // there): a handle naming this host's block, holding nothing in it.
+    let ahead = format!("net1.{}", container_id());
+    w.create::<calico_cni::datastore::ipam_model::IpamHandle>(json!({
+        "metadata": {"name": w.handle_name(&ahead)},
+        "spec": {"handleID": ahead, "block": {block.clone(): 1}, "deleted": false}
+    }));
+    let mut conf = gc_conf(&w, &[&a]);
+    conf["deadline_seconds"] = json!(2);
+    w.ipam("GC", "", &conf, "").assert_ok();
+    assert!(
+        w.handle(&ahead).is_some(),
+        "a handle of an ADD in flight collected"
+    );
+    assert_eq!(w.addresses_of(&format!("net1.{a}")), [ip]);
+
+    // Older than a call's deadline: a killed ADD's, collected.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    w.ipam("GC", "", &conf, "").assert_ok();
+    assert!(w.handle(&ahead).is_none(), "a killed ADD's handle left");
+    assert_eq!(w.addresses_of(&format!("net1.{a}")), [ip]);
+
+    w.ipam("DEL", &a, &w.conf(), "").assert_ok();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}

@@ -56,8 +56,8 @@ use serde_json::Value;
 
 use super::model::{ClusterInformation, ClusterInformationSpec, ObjectMeta};
 use super::{
-    DatastoreError, Kind, ListFilter, Precondition, Resource, Store, meta_field, random_guid,
-    random_uuid, rfc3339_utc,
+    DatastoreError, Kind, ListFilter, Precondition, Resource, Store, Write, meta_field,
+    random_guid, random_uuid, rfc3339_utc,
 };
 
 /// The `clusterType` of a store created by this plugin.
@@ -271,6 +271,15 @@ impl Store for LocalStore {
         let (namespace, name) = (scoped(kind, namespace).to_string(), name.to_string());
         let precondition = precondition.clone();
         self.blocking(move |conn| delete(conn, kind, &namespace, &name, &precondition))
+            .await
+    }
+
+    fn writes_together(&self) -> bool {
+        true
+    }
+
+    async fn write_together(&self, writes: Vec<Write>) -> Result<Vec<Value>, DatastoreError> {
+        self.blocking(move |conn| write_together(conn, writes))
             .await
     }
 
@@ -571,7 +580,36 @@ fn key_of(kind: &Kind, object: &Value) -> Result<(String, String), DatastoreErro
     ))
 }
 
-fn create(conn: &mut Connection, kind: &Kind, mut object: Value) -> Result<Value, DatastoreError> {
+fn create(conn: &mut Connection, kind: &Kind, object: Value) -> Result<Value, DatastoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let stored = create_in(&tx, kind, object)?;
+    tx.commit()?;
+    Ok(stored)
+}
+
+fn update(conn: &mut Connection, kind: &Kind, object: Value) -> Result<Value, DatastoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let stored = update_in(&tx, kind, object)?;
+    tx.commit()?;
+    Ok(stored)
+}
+
+/// Every write in one transaction: all or, at the first that fails, none.
+fn write_together(conn: &mut Connection, writes: Vec<Write>) -> Result<Vec<Value>, DatastoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut stored = Vec::with_capacity(writes.len());
+    for write in writes {
+        stored.push(match write {
+            Write::Create(kind, object) => create_in(&tx, kind, object)?,
+            Write::Update(kind, object) => update_in(&tx, kind, object)?,
+        });
+    }
+    tx.commit()?;
+    Ok(stored)
+}
+
+/// Creates `object` inside the write transaction `tx`.
+fn create_in(tx: &Connection, kind: &Kind, mut object: Value) -> Result<Value, DatastoreError> {
     let (namespace, name) = key_of(kind, &object)?;
     set_meta(&mut object, "uid", &random_uuid()?)?;
     set_meta(
@@ -579,18 +617,16 @@ fn create(conn: &mut Connection, kind: &Kind, mut object: Value) -> Result<Value
         "creationTimestamp",
         &rfc3339_utc(SystemTime::now()),
     )?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    if exists(&tx, kind, &namespace, &name)? {
+    if exists(tx, kind, &namespace, &name)? {
         return Err(DatastoreError::AlreadyExists(
             kind.describe(&namespace, &name),
         ));
     }
-    let stored = put(&tx, kind, object)?;
-    tx.commit()?;
-    Ok(stored)
+    put(tx, kind, object)
 }
 
-fn update(conn: &mut Connection, kind: &Kind, mut object: Value) -> Result<Value, DatastoreError> {
+/// Updates `object` on its resourceVersion inside the write transaction `tx`.
+fn update_in(tx: &Connection, kind: &Kind, mut object: Value) -> Result<Value, DatastoreError> {
     let (namespace, name) = key_of(kind, &object)?;
     let described = kind.describe(&namespace, &name);
     let expected = meta_field(&object, "resourceVersion").to_string();
@@ -599,8 +635,7 @@ fn update(conn: &mut Connection, kind: &Kind, mut object: Value) -> Result<Value
             "metadata.resourceVersion is required to update {described}"
         )));
     }
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let current = get(&tx, kind, &namespace, &name)?
+    let current = get(tx, kind, &namespace, &name)?
         .ok_or_else(|| DatastoreError::NotFound(described.clone()))?;
     if meta_field(&current, "resourceVersion") != expected {
         return Err(DatastoreError::Conflict(described));
@@ -611,9 +646,7 @@ fn update(conn: &mut Connection, kind: &Kind, mut object: Value) -> Result<Value
         "creationTimestamp",
         meta_field(&current, "creationTimestamp"),
     )?;
-    let stored = put(&tx, kind, object)?;
-    tx.commit()?;
-    Ok(stored)
+    put(tx, kind, object)
 }
 
 fn delete(

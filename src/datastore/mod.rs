@@ -330,6 +330,26 @@ pub trait Store: Send + Sync {
         precondition: &Precondition,
     ) -> Result<(), DatastoreError>;
 
+    /// Whether this datastore writes several objects in one transaction
+    /// ([`Store::write_together`]): the embedded store and etcd do; the
+    /// Kubernetes API does not.
+    fn writes_together(&self) -> bool {
+        false
+    }
+
+    /// Applies every one of `writes` or none (one transaction), each on
+    /// its own precondition as [`Store::create_object`] and
+    /// [`Store::update_object`] check it: the objects as stored, in order,
+    /// or the first failed precondition's error (`AlreadyExists`,
+    /// `Conflict`, `NotFound`) with nothing written. Only where
+    /// [`Store::writes_together`]; elsewhere an error and nothing written.
+    async fn write_together(&self, writes: Vec<Write>) -> Result<Vec<Value>, DatastoreError> {
+        Err(DatastoreError::Other(format!(
+            "this datastore writes objects one at a time, not {} together",
+            writes.len()
+        )))
+    }
+
     /// The names of the objects of `kind` in `namespace`, sorted (a backend
     /// that can list keys alone does, instead of whole objects).
     async fn list_names(
@@ -364,6 +384,50 @@ pub trait Store: Send + Sync {
     }
 }
 
+/// One write of [`Store::write_together`], its object in v3 JSON form.
+#[derive(Debug, Clone)]
+pub enum Write {
+    /// Created: fails with `AlreadyExists` when the key is taken.
+    Create(&'static Kind, Value),
+    /// Replaced on its `metadata.resourceVersion`: `Conflict` when it
+    /// changed since, `NotFound` when it is gone.
+    Update(&'static Kind, Value),
+}
+
+impl Write {
+    /// The creation of `resource` (its write hook run).
+    pub fn create<R: Resource>(resource: &mut R) -> Result<Write, DatastoreError> {
+        resource.before_write();
+        Ok(Write::Create(R::KIND, encode(resource)?))
+    }
+
+    /// The update of `resource` on the revision it was read at (its write
+    /// hook run).
+    pub fn update<R: Resource>(resource: &mut R) -> Result<Write, DatastoreError> {
+        resource.before_write();
+        Ok(Write::Update(R::KIND, encode(resource)?))
+    }
+
+    pub fn kind(&self) -> &'static Kind {
+        match self {
+            Write::Create(kind, _) | Write::Update(kind, _) => kind,
+        }
+    }
+
+    pub fn object(&self) -> &Value {
+        match self {
+            Write::Create(_, object) | Write::Update(_, object) => object,
+        }
+    }
+
+    /// `Kind(ns/name)` of the object written.
+    pub fn describe(&self) -> String {
+        let object = self.object();
+        self.kind()
+            .describe(meta_field(object, "namespace"), meta_field(object, "name"))
+    }
+}
+
 /// A metadata field of a resource in its JSON form (`""` when absent).
 pub fn meta_field<'a>(object: &'a Value, field: &str) -> &'a str {
     object
@@ -372,7 +436,8 @@ pub fn meta_field<'a>(object: &'a Value, field: &str) -> &'a str {
         .unwrap_or("")
 }
 
-fn decode<R: Resource>(value: Value) -> Result<R, DatastoreError> {
+/// A resource from its v3 JSON form.
+pub fn decode<R: Resource>(value: Value) -> Result<R, DatastoreError> {
     serde_json::from_value(value)
         .map_err(|e| DatastoreError::Other(format!("stored {} is malformed: {e}", R::KIND.name)))
 }

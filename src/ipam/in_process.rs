@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::calico::verbs::{self, Call};
-use super::{Ipam, Owner, Pending, Setup};
+use super::{Ahead, Ipam, Owner, Pending, Setup};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::request::Attachment;
 use crate::cni::{CniResult, NetConf, Request, Result, Version};
@@ -20,6 +20,8 @@ use crate::datastore::Store;
 pub struct InProcessIpam {
     env: CniEnv,
     network: String,
+    /// The addresses per family the call's config asks for.
+    families: (usize, usize),
     setup: Setup,
     store: Arc<dyn Store>,
     deadline: Instant,
@@ -35,6 +37,7 @@ impl InProcessIpam {
         InProcessIpam {
             env: req.env.clone(),
             network: req.conf.name.clone(),
+            families: verbs::families(&req.conf),
             setup,
             store,
             deadline,
@@ -78,44 +81,51 @@ impl Ipam for InProcessIpam {
         super::CALICO_IPAM
     }
 
-    /// A DEL's reads (IPAMConfig, the handles) start now, in a task of
-    /// their own, while the caller waits for the kernel to delete the
-    /// interface; the release writes only once it is called.
+    /// An ADD's reads (IPAMConfig, the pools, the reservations, this
+    /// host's affinities) or a DEL's (IPAMConfig, the handles) start now,
+    /// in a task of their own, while the caller reads the workload or
+    /// waits for the kernel to delete the interface; nothing is written
+    /// until the call is made.
     async fn start(&self, command: Command) -> Result<Pending> {
-        if command != Command::Del {
-            return Ok(Pending::none());
-        }
         let store = Arc::clone(&self.store);
         let host = self.setup.host.clone();
-        let handles = verbs::release_handles(&self.network, &self.env);
         let deadline = self.deadline;
-        let reads = tokio::spawn(async move {
-            let read = verbs::read_release(store.as_ref(), &host, &handles);
-            match tokio::time::timeout_at(deadline, read).await {
-                Ok(Ok(inputs)) => Some(inputs),
-                Ok(Err(e)) => {
-                    tracing::debug!("reading ahead of the release: {e}");
-                    None
-                }
-                Err(_) => None,
+        let ahead = match command {
+            Command::Add => {
+                let families = self.families;
+                Ahead::Assignment(tokio::spawn(read_ahead(deadline, async move {
+                    verbs::read_add(store.as_ref(), &host, families).await
+                })))
             }
-        });
-        Ok(Pending(None, Some(reads)))
+            Command::Del => {
+                let handles = verbs::release_handles(&self.network, &self.env);
+                Ahead::Release(tokio::spawn(read_ahead(deadline, async move {
+                    verbs::read_release(store.as_ref(), &host, &handles).await
+                })))
+            }
+            _ => return Ok(Pending::none()),
+        };
+        Ok(Pending(None, Some(ahead)))
     }
 
-    async fn add(&self, config: &Value, _pending: Pending) -> Result<CniResult> {
-        verbs::add(&self.call(), &self.request(Command::Add, config, None)?).await
+    async fn add(&self, config: &Value, mut pending: Pending) -> Result<CniResult> {
+        let req = self.request(Command::Add, config, None)?;
+        let early = match pending.1 {
+            Some(Ahead::Assignment(ref mut reads)) => reads.await.ok().flatten(),
+            _ => None,
+        };
+        verbs::add_from(&self.call(), &req, early).await
     }
 
     async fn add_ip(&self, config: &Value, ip: IpAddr) -> Result<CniResult> {
         verbs::add(&self.call(), &self.request(Command::Add, config, Some(ip))?).await
     }
 
-    async fn del(&self, config: &Value, pending: Pending) -> Result<()> {
+    async fn del(&self, config: &Value, mut pending: Pending) -> Result<()> {
         let req = self.request(Command::Del, config, None)?;
         let ahead = match pending.1 {
-            Some(reads) => reads.await.ok().flatten(),
-            None => None,
+            Some(Ahead::Release(ref mut reads)) => reads.await.ok().flatten(),
+            _ => None,
         };
         verbs::del_from(&self.call(), &req, ahead).await
     }
@@ -151,9 +161,26 @@ impl Ipam for InProcessIpam {
         Arc::new(InProcessIpam {
             env: self.env.clone(),
             network: self.network.clone(),
+            families: self.families,
             setup: self.setup.clone(),
             store,
             deadline,
         })
+    }
+}
+
+/// Reads made ahead, bounded by the call's deadline; `None` when they
+/// failed (the call reads again, and meets the failure itself).
+async fn read_ahead<T>(
+    deadline: Instant,
+    read: impl std::future::Future<Output = std::result::Result<T, super::calico::IpamError>>,
+) -> Option<T> {
+    match tokio::time::timeout_at(deadline, read).await {
+        Ok(Ok(inputs)) => Some(inputs),
+        Ok(Err(e)) => {
+            tracing::debug!("reading ahead: {e}");
+            None
+        }
+        Err(_) => None,
     }
 }

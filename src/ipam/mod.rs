@@ -41,14 +41,27 @@ pub use personality::handle;
 pub const CALICO_IPAM: &str = "calico-ipam";
 
 /// An IPAM call started early, so that its start overlaps other work (the
-/// kernel's deletion of the interface, for a DEL): an exec'd plugin's
-/// start-up (it acts on nothing until it is given its config), or, in
-/// process, a release's reads (it writes nothing until it is called).
-pub struct Pending(Option<Running>, Option<ReleaseAhead>);
+/// reads of the workload, for an ADD; the kernel's deletion of the
+/// interface, for a DEL): an exec'd plugin's start-up (it acts on nothing
+/// until it is given its config), or, in process, an assignment's or a
+/// release's reads (it writes nothing until it is called).
+pub struct Pending(Option<Running>, Option<Ahead>);
 
-/// A release's reads, made in a task of their own (`None`: they failed,
-/// and the release reads again).
-type ReleaseAhead = tokio::task::JoinHandle<Option<calico::verbs::ReleaseInputs>>;
+/// Reads made ahead in a task of their own (`None`: they failed, and the
+/// call reads again); the task is stopped if the call is not made.
+enum Ahead {
+    Release(tokio::task::JoinHandle<Option<calico::verbs::ReleaseInputs>>),
+    Assignment(tokio::task::JoinHandle<Option<calico::verbs::AddInputs>>),
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        match self {
+            Ahead::Release(task) => task.abort(),
+            Ahead::Assignment(task) => task.abort(),
+        }
+    }
+}
 
 impl Pending {
     /// Nothing started: the call starts when it is made.

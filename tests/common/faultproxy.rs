@@ -259,6 +259,12 @@ impl FaultProxy {
         lock(&self.state).rules.clear();
     }
 
+    /// How many rules are left (a rule with `times` goes once used up).
+    #[allow(dead_code)]
+    pub fn rules_left(&self) -> usize {
+        lock(&self.state).rules.len()
+    }
+
     /// Every request received so far, faulted ones included, as (method,
     /// path with query), in order of arrival.
     #[allow(dead_code)]

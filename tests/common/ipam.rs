@@ -481,6 +481,32 @@ impl World {
         }
     }
 
+    /// [`Store::write_together`] on this world's store (the embedded store
+    /// and etcd: the stores that write several objects at once).
+    pub fn write_together(
+        &self,
+        writes: Vec<calico_cni::datastore::Write>,
+    ) -> Result<Vec<Value>, calico_cni::datastore::DatastoreError> {
+        use calico_cni::datastore::Write;
+        if let Some(etcd) = &self.etcd {
+            for w in &writes {
+                if let Write::Create(kind, object) = w
+                    && kind.name == IpamHandle::KIND.name
+                {
+                    let name = object["metadata"]["name"].as_str().unwrap().to_string();
+                    etcd.handles.lock().unwrap().push(name);
+                }
+            }
+            let store = etcd.store();
+            let s: &dyn Store = &store;
+            assert!(s.writes_together());
+            return block_on(s.write_together(writes));
+        }
+        let s: &dyn Store = self.local.as_ref().expect("a store that writes together");
+        assert!(s.writes_together());
+        block_on(s.write_together(writes))
+    }
+
     /// Replaces an object as read (its resourceVersion must still hold).
     pub fn update<R: Resource>(&self, object: Value) -> Value {
         if let Some(etcd) = &self.etcd {

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::{
-    DatastoreError, Kind, ListFilter, Precondition, Store, meta_field, random_uuid, rfc3339_utc,
+    DatastoreError, Kind, ListFilter, Precondition, Store, Write, meta_field, random_uuid,
+    rfc3339_utc,
 };
 use crate::etcd::{Compare, EtcdClient, Op, OpResponse, Read, Txn};
 
@@ -97,38 +98,156 @@ impl EtcdStore {
     async fn put_if(
         &self,
         kind: &'static Kind,
-        mut object: Value,
+        object: Value,
         compare: Compare,
         read_back: bool,
     ) -> Result<Result<Value, (Value, crate::etcd::TxnResponse)>, DatastoreError> {
-        let (key, value) = codec::encode(kind, &object)?;
-        let (answer, unanswered) = self
-            .txn_settled(&Txn {
-                compare: vec![compare],
-                success: vec![Op::Put(key.clone(), value.clone())],
-                failure: if read_back {
-                    vec![Op::Get(key.clone())]
-                } else {
-                    vec![]
-                },
-            })
-            .await?;
-        let revision = if answer.succeeded {
-            answer.revision
+        // (One object per write, in order.)
+        Ok(
+            match self
+                .puts_if(vec![(kind, object, compare)], read_back)
+                .await?
+            {
+                Ok(mut stored) => Ok(stored.remove(0)),
+                Err((mut objects, answer)) => Err((objects.remove(0), answer)),
+            },
+        )
+    }
+
+    /// [`EtcdStore::put_if`] of several objects in one transaction, each
+    /// on its compare: all written or none (the answer's failure branch
+    /// then reads every key back, when `read_back`).
+    async fn puts_if(
+        &self,
+        writes: Vec<(&'static Kind, Value, Compare)>,
+        read_back: bool,
+    ) -> Result<Result<Vec<Value>, (Vec<Value>, crate::etcd::TxnResponse)>, DatastoreError> {
+        let mut txn = Txn::default();
+        let mut objects = Vec::with_capacity(writes.len());
+        let mut puts = Vec::with_capacity(writes.len());
+        for (kind, object, compare) in writes {
+            let (key, value) = codec::encode(kind, &object)?;
+            txn.compare.push(compare);
+            txn.success.push(Op::Put(key.clone(), value.clone()));
+            if read_back {
+                txn.failure.push(Op::Get(key.clone()));
+            }
+            objects.push(object);
+            puts.push((key, value));
+        }
+        let (answer, unanswered) = self.txn_settled(&txn).await?;
+        let revisions = if answer.succeeded {
+            vec![answer.revision; puts.len()]
         } else {
             // An earlier attempt, unanswered, may have been the one applied:
-            // then the key holds exactly what it wrote.
-            let applied = match unanswered {
-                true => self.client.get(&key).await?.filter(|kv| kv.value == value),
-                false => None,
-            };
-            match applied {
-                Some(kv) => kv.mod_revision,
-                None => return Ok(Err((object, answer))),
+            // then every key holds exactly what it wrote.
+            let mut applied = Vec::new();
+            if unanswered {
+                for (key, value) in &puts {
+                    match self.client.get(key).await? {
+                        Some(kv) if kv.value == *value => applied.push(kv.mod_revision),
+                        _ => break,
+                    }
+                }
             }
+            if applied.len() < puts.len() {
+                return Ok(Err((objects, answer)));
+            }
+            applied
         };
-        set_meta(&mut object, "resourceVersion", json!(revision.to_string()))?;
-        Ok(Ok(object))
+        for (object, revision) in objects.iter_mut().zip(revisions) {
+            set_meta(object, "resourceVersion", json!(revision.to_string()))?;
+        }
+        Ok(Ok(objects))
+    }
+
+    /// A creation's object (a v3 resource's uid and creationTimestamp
+    /// set) and its compare: the key has no version.
+    fn to_create(
+        kind: &'static Kind,
+        mut object: Value,
+    ) -> Result<(Value, Compare), DatastoreError> {
+        if kind.etcd == super::EtcdLayout::V3 {
+            set_meta(&mut object, "uid", json!(random_uuid()?))?;
+            set_meta(
+                &mut object,
+                "creationTimestamp",
+                json!(rfc3339_utc(SystemTime::now())),
+            )?;
+        }
+        let key = codec::encode(kind, &object)?.0;
+        Ok((object, Compare::Version(key, 0)))
+    }
+
+    /// An update's compare: the key still at the revision read.
+    fn to_update(kind: &'static Kind, object: &Value) -> Result<(Compare, i64), DatastoreError> {
+        let revision = revision_of(object, kind)?;
+        let key = codec::encode(kind, object)?.0;
+        Ok((Compare::ModRevision(key, revision), revision))
+    }
+}
+
+/// Why a write of `kind` whose compare failed failed, from its key as the
+/// failure branch read it (`revision`: the one an update was compared on;
+/// `None` for a create). `None` when its compare held.
+fn refusal(
+    kind: &Kind,
+    object: &Value,
+    revision: Option<i64>,
+    read: Option<&OpResponse>,
+) -> Option<DatastoreError> {
+    let what = kind.describe(meta_field(object, "namespace"), meta_field(object, "name"));
+    let current = match read {
+        Some(OpResponse::Get(kv)) => kv.as_ref(),
+        _ => None,
+    };
+    match (revision, current) {
+        (None, Some(_)) => Some(DatastoreError::AlreadyExists(what)),
+        (None, None) => None,
+        (Some(_), None) => Some(DatastoreError::NotFound(what)),
+        (Some(r), Some(kv)) if kv.mod_revision != r => Some(DatastoreError::Conflict(format!(
+            "{what} is at revision {}, not {r}",
+            kv.mod_revision
+        ))),
+        (Some(_), Some(_)) => None,
+    }
+}
+
+impl EtcdStore {
+    async fn write_all(&self, writes: Vec<Write>) -> Result<Vec<Value>, DatastoreError> {
+        let mut puts = Vec::with_capacity(writes.len());
+        let mut revisions = Vec::with_capacity(writes.len());
+        for write in writes {
+            match write {
+                Write::Create(kind, object) => {
+                    let (object, compare) = Self::to_create(kind, object)?;
+                    puts.push((kind, object, compare));
+                    revisions.push(None);
+                }
+                Write::Update(kind, object) => {
+                    let (compare, revision) = Self::to_update(kind, &object)?;
+                    puts.push((kind, object, compare));
+                    revisions.push(Some(revision));
+                }
+            }
+        }
+        let kinds: Vec<&'static Kind> = puts.iter().map(|(kind, _, _)| *kind).collect();
+        match self.puts_if(puts, true).await? {
+            Ok(stored) => Ok(stored),
+            Err((objects, answer)) => {
+                let refused = objects
+                    .iter()
+                    .zip(&kinds)
+                    .zip(&revisions)
+                    .enumerate()
+                    .find_map(|(i, ((object, kind), revision))| {
+                        refusal(kind, object, *revision, answer.responses.get(i))
+                    });
+                Err(refused.unwrap_or_else(|| {
+                    DatastoreError::Conflict("a write of several objects was refused".into())
+                }))
+            }
+        }
     }
 }
 
@@ -243,21 +362,10 @@ impl Store for EtcdStore {
     async fn create_object(
         &self,
         kind: &'static Kind,
-        mut object: Value,
+        object: Value,
     ) -> Result<Value, DatastoreError> {
-        if kind.etcd == super::EtcdLayout::V3 {
-            set_meta(&mut object, "uid", json!(random_uuid()?))?;
-            set_meta(
-                &mut object,
-                "creationTimestamp",
-                json!(rfc3339_utc(SystemTime::now())),
-            )?;
-        }
-        let key = codec::encode(kind, &object)?.0;
-        match self
-            .put_if(kind, object, Compare::Version(key, 0), false)
-            .await?
-        {
+        let (object, compare) = Self::to_create(kind, object)?;
+        match self.put_if(kind, object, compare, false).await? {
             Ok(stored) => Ok(stored),
             Err((object, _)) => Err(DatastoreError::AlreadyExists(kind.describe(
                 meta_field(&object, "namespace"),
@@ -271,27 +379,32 @@ impl Store for EtcdStore {
         kind: &'static Kind,
         object: Value,
     ) -> Result<Value, DatastoreError> {
-        let revision = revision_of(&object, kind)?;
-        let key = codec::encode(kind, &object)?.0;
-        match self
-            .put_if(kind, object, Compare::ModRevision(key, revision), true)
-            .await?
-        {
+        let (compare, revision) = Self::to_update(kind, &object)?;
+        match self.put_if(kind, object, compare, true).await? {
             Ok(stored) => Ok(stored),
             Err((object, answer)) => {
-                let what = kind.describe(
-                    meta_field(&object, "namespace"),
-                    meta_field(&object, "name"),
-                );
-                Err(match answer.responses.first() {
-                    Some(OpResponse::Get(Some(kv))) => DatastoreError::Conflict(format!(
-                        "{what} is at revision {}, not {revision}",
-                        kv.mod_revision
-                    )),
-                    _ => DatastoreError::NotFound(what),
-                })
+                Err(
+                    refusal(kind, &object, Some(revision), answer.responses.first())
+                        .unwrap_or_else(|| {
+                            DatastoreError::Conflict(kind.describe(
+                                meta_field(&object, "namespace"),
+                                meta_field(&object, "name"),
+                            ))
+                        }),
+                )
             }
         }
+    }
+
+    /// One transaction: every compare (a create's key absent, an update's
+    /// at its revision) or nothing written; the failure branch reads each
+    /// key, which tells the first refused write's reason.
+    fn writes_together(&self) -> bool {
+        true
+    }
+
+    async fn write_together(&self, writes: Vec<Write>) -> Result<Vec<Value>, DatastoreError> {
+        self.write_all(writes).await
     }
 
     async fn delete_object(

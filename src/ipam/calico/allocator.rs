@@ -25,9 +25,10 @@ use ipnet::IpNet;
 
 use super::IpamError;
 use super::block;
-use super::block_cache::BlockCache;
+use super::block_cache::{self, BlockCache};
 use super::pools::{
-    SelectorLabels, USE_WORKLOAD, automatic_pools, blocks_for_host, host_seed, requested_pools,
+    SelectorLabels, USE_WORKLOAD, automatic_pools, blocks_for_host, host_seed, pools_select_nodes,
+    requested_pools,
 };
 use crate::datastore::ipam_model::{
     AFFINITY_CONFIRMED, AFFINITY_PENDING, ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, BlockAffinity,
@@ -35,7 +36,7 @@ use crate::datastore::ipam_model::{
     IpamHandleSpec, LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, affinity_labels,
     affinity_name_on, cidr_name, cidr_of_block_name, handle_name_on, hostname_hash,
 };
-use crate::datastore::{DatastoreError, ListFilter, Precondition, Resource, Store};
+use crate::datastore::{DatastoreError, ListFilter, Precondition, Resource, Store, Write, decode};
 
 /// Conflicts retried before giving up (Calico's figure).
 const CAS_ATTEMPTS: usize = 100;
@@ -90,9 +91,9 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// The IP pools as read.
-    pub fn pools(&self) -> &[IpPool] {
-        &self.pools
+    /// IPAMConfig as read.
+    pub fn config(&self) -> &IpamConfigSpec {
+        &self.config
     }
 }
 
@@ -118,6 +119,9 @@ pub struct Allocator<'a> {
     /// The copies of the blocks written under the host lock, while it is
     /// held ([`Allocator::use_block_cache`]).
     blocks: std::sync::OnceLock<BlockCache>,
+    /// The request's handle as written before the host lock
+    /// ([`Allocator::create_handle_ahead`]), until an allocation takes it.
+    ahead_handle: std::sync::Mutex<Option<IpamHandle>>,
 }
 
 fn ds(what: impl Into<String>) -> impl FnOnce(DatastoreError) -> IpamError {
@@ -135,6 +139,28 @@ fn contention(what: &str) -> IpamError {
 async fn pause(attempt: usize) {
     let ms = (attempt as u64 + 1).min(20);
     tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+/// Whether an object created at `timestamp` (RFC 3339; none: long ago)
+/// was made less than `within` ago.
+fn made_within(timestamp: &str, within: Duration) -> bool {
+    let Ok(made) = timestamp.parse::<jiff::Timestamp>() else {
+        return false;
+    };
+    let age = jiff::Timestamp::now().duration_since(made);
+    age < jiff::SignedDuration::try_from(within).unwrap_or(jiff::SignedDuration::MAX)
+}
+
+/// A new handle `name` for `handle` holding `n` addresses of `cidr`.
+fn new_handle(name: &str, handle: &str, cidr: &IpNet, n: usize) -> IpamHandle {
+    IpamHandle::new(
+        name,
+        IpamHandleSpec {
+            handle_id: handle.to_string(),
+            block: BTreeMap::from([(cidr.to_string(), n)]),
+            ..IpamHandleSpec::default()
+        },
+    )
 }
 
 fn with_prefix(ip: IpAddr, cidr: &IpNet) -> IpNet {
@@ -161,6 +187,7 @@ impl<'a> Allocator<'a> {
             config: tokio::sync::OnceCell::new(),
             latest_pools: std::sync::atomic::AtomicBool::new(false),
             blocks: std::sync::OnceLock::new(),
+            ahead_handle: std::sync::Mutex::new(None),
         }
     }
 
@@ -395,17 +422,11 @@ impl<'a> Allocator<'a> {
                     .map_err(ds(what.clone()))?
             };
             let result = match current {
-                None => {
-                    let mut fresh = IpamHandle::new(
-                        &name,
-                        IpamHandleSpec {
-                            handle_id: handle.to_string(),
-                            block: BTreeMap::from([(cidr.to_string(), n)]),
-                            ..IpamHandleSpec::default()
-                        },
-                    );
-                    self.store.create(&mut fresh).await.map(|_| ())
-                }
+                None => self
+                    .store
+                    .create(&mut new_handle(&name, handle, cidr, n))
+                    .await
+                    .map(|_| ()),
                 Some(h) if h.spec.deleted => {
                     // Going away (or left half deleted): gone first.
                     self.finish_delete(&h).await;
@@ -516,6 +537,88 @@ impl<'a> Allocator<'a> {
         .await
     }
 
+    /// Deletes the handle written ahead of the lock if no allocation took
+    /// it (the call failed): it holds nothing. (Should this fail, the DEL
+    /// that follows a failed ADD deletes it.)
+    pub async fn delete_unused_handle(&self) {
+        if let Some(unused) = self.take_ahead_handle() {
+            let name = unused.metadata.name.clone();
+            if let Err(e) = self.store.delete_as_read(&unused).await {
+                tracing::warn!(%name, "deleting a handle written ahead, unused: {e}");
+            }
+        }
+    }
+
+    /// Writes the request's handle before the host lock is held, naming
+    /// the block its address most likely comes from (this host's block as
+    /// last written under the lock: [`block_cache::likely_block`]), so
+    /// that under the lock the allocation writes its block alone. Only
+    /// where the handle and the block are not written in one transaction
+    /// anyway, for one address, and with copies of the blocks kept. The
+    /// handle is written first as Calico writes it: a call killed after
+    /// it leaves a handle holding no address, which the DEL that follows
+    /// deletes. Fails quietly (the allocation then writes the handle).
+    pub async fn create_handle_ahead(&self, req: &AutoAssign<'_>, lock_file: &std::path::Path) {
+        if self.store.writes_together() || req.num4 + req.num6 != 1 {
+            return;
+        }
+        let Some(datastore) = self.store.identity() else {
+            return;
+        };
+        let v6 = req.num6 == 1;
+        let Some(likely) =
+            block_cache::likely_block(lock_file, datastore, self.affinity_value(), v6).await
+        else {
+            return;
+        };
+        let name = handle_name_on(self.store.backend(), req.handle);
+        match self
+            .store
+            .create(&mut new_handle(&name, req.handle, &likely, 1))
+            .await
+        {
+            Ok(stored) => {
+                *self.ahead_handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(stored)
+            }
+            // (A retried ADD's handle exists: the allocation reads it.)
+            Err(e) => tracing::debug!(%name, "writing the handle ahead of the lock: {e}"),
+        }
+    }
+
+    fn take_ahead_handle(&self) -> Option<IpamHandle> {
+        self.ahead_handle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// The handle's part of an allocation of `n` addresses of `cidr`
+    /// (written before the block's): the handle written ahead of the lock,
+    /// made to name exactly that block (as it most likely does already),
+    /// or the handle's count incremented.
+    async fn handle_for(&self, handle: &str, cidr: &IpNet, n: usize) -> Result<(), IpamError> {
+        let Some(mut ahead) = self.take_ahead_handle() else {
+            return self.increment_handle(handle, cidr, n).await;
+        };
+        let exactly = BTreeMap::from([(cidr.to_string(), n)]);
+        if ahead.spec.block == exactly {
+            return Ok(());
+        }
+        ahead.spec.block = exactly;
+        match self.store.update(&mut ahead).await {
+            Ok(_) => Ok(()),
+            // Changed since it was written (another call of the same
+            // container): counted as any handle is.
+            Err(DatastoreError::Conflict(_) | DatastoreError::NotFound(_)) => {
+                self.increment_handle(handle, cidr, n).await
+            }
+            Err(e) => Err(ds(format!(
+                "error updating IPAMHandle({})",
+                ahead.metadata.name
+            ))(e)),
+        }
+    }
+
     /// Reads an auto-assignment's inputs before the host lock is held.
     pub async fn read_ahead(&self, req: &AutoAssign<'_>) -> Result<Inputs, IpamError> {
         self.inputs(req, true).await
@@ -529,9 +632,19 @@ impl<'a> Allocator<'a> {
                 self.host_affinities(v6).await.map(Some)
             }
         };
+        // Read ahead of the lock, the node's labels too when a pool's node
+        // selector will need them, as soon as the pools say so (a failure
+        // is left for the assignment to meet, and report, when it asks).
+        let pools = async {
+            let pools = self.pools().await?;
+            if ahead && pools_select_nodes(&pools) {
+                let _ = req.labels.node_labels().await;
+            }
+            Ok(pools)
+        };
         let (config, pools, reserved, v4, v6) = futures::future::try_join5(
             self.config(),
-            self.pools(),
+            pools,
             self.reservations(),
             family(false, req.num4),
             family(true, req.num6),
@@ -813,7 +926,24 @@ impl<'a> Allocator<'a> {
                 }
                 return Ok(Vec::new());
             }
-            self.increment_handle(req.handle, cidr, got.len()).await?;
+            if self.store.writes_together() {
+                match self
+                    .write_with_handle(req.handle, cidr, got.len(), &mut blk, attempt > 0)
+                    .await
+                {
+                    Ok(()) => return Ok(got.into_iter().map(|ip| with_prefix(ip, cidr)).collect()),
+                    // The block or the handle changed (or went) since
+                    // read: both are read again.
+                    Err(
+                        DatastoreError::Conflict(_)
+                        | DatastoreError::AlreadyExists(_)
+                        | DatastoreError::NotFound(_),
+                    ) => continue,
+                    Err(_) if from_copy => continue,
+                    Err(e) => return Err(ds(what)(e)),
+                }
+            }
+            self.handle_for(req.handle, cidr, got.len()).await?;
             crate::fault::kill_point("ipam-handle");
             match self.put_block(&mut blk).await {
                 Ok(_) => return Ok(got.into_iter().map(|ip| with_prefix(ip, cidr)).collect()),
@@ -833,6 +963,58 @@ impl<'a> Allocator<'a> {
             }
         }
         Err(contention(&what))
+    }
+
+    /// Writes an assignment made in `blk` (`n` addresses of `cidr` for
+    /// `handle`) and the handle's count in one transaction: both or
+    /// neither, so an allocation is never without its handle, nor a
+    /// handle's count without its addresses. The handle is taken to be new
+    /// (a create, no read) unless `read_handle`: after a write that failed,
+    /// or for a retried ADD, whose handle exists. On success the block
+    /// copy is kept; on failure it is dropped.
+    async fn write_with_handle(
+        &self,
+        handle: &str,
+        cidr: &IpNet,
+        n: usize,
+        blk: &mut IpamBlock,
+        read_handle: bool,
+    ) -> Result<(), DatastoreError> {
+        let name = handle_name_on(self.store.backend(), handle);
+        let current = match read_handle {
+            true => self.store.get::<IpamHandle>("", &name).await?,
+            false => None,
+        };
+        let handle_write = match current {
+            Some(mut h) if !h.spec.deleted => {
+                *h.spec.block.entry(cidr.to_string()).or_insert(0) += n;
+                Write::update(&mut h)?
+            }
+            current => {
+                if let Some(going) = current {
+                    // Going away (or left half deleted): gone first.
+                    self.finish_delete(&going).await;
+                }
+                Write::create(&mut new_handle(&name, handle, cidr, n))?
+            }
+        };
+        blk.spec.sequence_number += 1;
+        let written = self
+            .store
+            .write_together(vec![handle_write, Write::update(blk)?])
+            .await;
+        crate::fault::kill_point("ipam-handle");
+        // The block as stored (the second write's answer) is kept; a
+        // write that failed drops the copy.
+        let stored = match written {
+            Ok(mut stored) => stored.pop().and_then(|b| decode::<IpamBlock>(b).ok()),
+            Err(e) => {
+                self.keep_block(&blk.metadata.name, None).await;
+                return Err(e);
+            }
+        };
+        self.keep_block(&blk.metadata.name, stored.as_ref()).await;
+        Ok(())
     }
 
     /// A pending affinity of this host: confirmed when its block exists
@@ -1136,7 +1318,10 @@ impl<'a> Allocator<'a> {
             }
             // One compare-and-swap delete on the revision read: a handle
             // is read only by its own container's calls and GC, which see
-            // it gone either way (no `deleted` mark written first).
+            // it gone either way (no `deleted` mark written first). (Sent
+            // at once with the blocks' write on the API server, it made
+            // both slower, not the release faster: BENCHMARKS.md, session
+            // 15.)
             match self.store.delete_as_read(&h).await {
                 Ok(()) | Err(DatastoreError::NotFound(_)) => return Ok(Some(freed)),
                 // Written meanwhile (an ADD under the same handle): again.
@@ -1473,8 +1658,16 @@ impl<'a> Allocator<'a> {
     /// killed between writing its handle and writing the block's
     /// allocation leaves (Calico's order: handle first, then block). Only
     /// this host's blocks, as only this host's calls — serialized by the
-    /// IPAM lock — allocate from them save a rare borrower.
-    pub async fn orphan_host_handles(&self, prefix: &str) -> Result<BTreeSet<String>, IpamError> {
+    /// IPAM lock — allocate from them save a rare borrower. Where the
+    /// datastore writes one object at a time, a handle made less than
+    /// `in_flight` ago (a call's deadline) is not one: an ADD writes its
+    /// handle there before the lock ([`Allocator::create_handle_ahead`]),
+    /// so it may be on its way to the lock.
+    pub async fn orphan_host_handles(
+        &self,
+        prefix: &str,
+        in_flight: Duration,
+    ) -> Result<BTreeSet<String>, IpamError> {
         let blocks = self
             .store
             .list::<IpamBlock>("", &ListFilter::All)
@@ -1509,6 +1702,10 @@ impl<'a> Allocator<'a> {
             .filter(|h| !holding.contains(h.spec.handle_id.as_str()))
             .filter(|h| {
                 !h.spec.block.is_empty() && h.spec.block.keys().all(|c| affine.contains(c.as_str()))
+            })
+            .filter(|h| {
+                self.store.writes_together()
+                    || !made_within(&h.metadata.creation_timestamp, in_flight)
             })
             .map(|h| h.spec.handle_id.clone())
             .collect())

@@ -163,6 +163,55 @@ impl BlockCache {
     }
 }
 
+/// The block a call of this host most likely takes its next address
+/// from, as the copies beside `lock_file` tell it, read without the lock
+/// (a guess, for writing the handle before the lock; the allocation
+/// itself starts from the block under the lock): of `datastore`, this
+/// host's (`affinity`), of the family asked, not deleted, with a free
+/// address; the lowest, as the allocator tries this host's blocks in
+/// address order.
+pub async fn likely_block(
+    lock_file: &Path,
+    datastore: String,
+    affinity: String,
+    v6: bool,
+) -> Option<ipnet::IpNet> {
+    let dir = dir_beside(lock_file);
+    blocking(move || {
+        let mut likely: Option<ipnet::IpNet> = None;
+        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+            let name = entry.file_name();
+            // Copies only, not another process's part-written file.
+            let Some(name) = name.to_str().filter(|n| !n.contains('.')) else {
+                continue;
+            };
+            let Ok(bytes) = std::fs::read(entry.path()) else {
+                continue;
+            };
+            let Ok(copy) = serde_json::from_slice::<Copy>(&bytes) else {
+                continue;
+            };
+            let spec = &copy.block.spec;
+            let Ok(cidr) = spec.cidr.parse::<ipnet::IpNet>() else {
+                continue;
+            };
+            if copy.datastore == datastore
+                && copy.block.metadata.name == name
+                && spec.affinity.as_deref() == Some(affinity.as_str())
+                && !spec.deleted
+                && !spec.unallocated.is_empty()
+                && cidr.addr().is_ipv6() == v6
+                && likely.is_none_or(|l| cidr < l)
+            {
+                likely = Some(cidr);
+            }
+        }
+        likely
+    })
+    .await
+    .flatten()
+}
+
 /// File work off the runtime's thread; `None` if the task was lost.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     tokio::task::spawn_blocking(work).await.ok()

@@ -16,13 +16,13 @@ use super::allocator::{Allocator, AutoAssign};
 use super::block::OwnerSlot;
 use super::kubevirt::{self, VmiInfo};
 use super::lock;
-use super::pools::{SelectorLabels, automatic_pools, pools_select_nodes, requested_pools};
+use super::pools::{SelectorLabels, automatic_pools, requested_pools};
 use crate::cni::env::CniEnv;
 use crate::cni::result::{IpConfig, Route};
 use crate::cni::{CniResult, Error, Request, Result};
 use crate::datastore::endpoints::NamespaceLabels;
 use crate::datastore::ipam_model::{
-    ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_TIMESTAMP, IpPool, IpamConfigSpec, IpamHandle, Node,
+    ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_TIMESTAMP, IpamConfigSpec, IpamHandle, Node,
 };
 use crate::datastore::names::WepIdentifiers;
 use crate::datastore::{Store, go_time_utc};
@@ -107,6 +107,55 @@ pub async fn read_release(
     ReleaseInputs::read(&Allocator::new(store, host), names).await
 }
 
+/// What an ADD can read before anything else about the call is known
+/// (started with the call, while the plugin reads the datastore's
+/// readiness and the workload): an auto-assignment's inputs for the
+/// families the config asks for, and the node's labels when a pool's
+/// selector needs them.
+pub struct AddInputs {
+    families: (usize, usize),
+    inputs: super::allocator::Inputs,
+    node_labels: Option<BTreeMap<String, String>>,
+}
+
+pub async fn read_add(
+    store: &dyn Store,
+    host: &str,
+    families: (usize, usize),
+) -> std::result::Result<AddInputs, IpamError> {
+    let labels = NodeLabels {
+        store,
+        host,
+        node: tokio::sync::OnceCell::new(),
+    };
+    let auto = AutoAssign {
+        num4: families.0,
+        num6: families.1,
+        handle: "",
+        attrs: &BTreeMap::new(),
+        pools4: &[],
+        pools6: &[],
+        max_blocks: 0,
+        labels: &labels,
+    };
+    let inputs = Allocator::new(store, host).read_ahead(&auto).await?;
+    Ok(AddInputs {
+        families,
+        inputs,
+        node_labels: labels.node.get().cloned(),
+    })
+}
+
+/// The addresses per family an ADD with this config asks for: one IPv4
+/// unless `assign_ipv4` is `"false"`, one IPv6 when `assign_ipv6` is
+/// `"true"`.
+pub fn families(conf: &crate::cni::NetConf) -> (usize, usize) {
+    (
+        usize::from(conf.ipam.assign_ipv4.as_deref() != Some("false")),
+        usize::from(conf.ipam.assign_ipv6.as_deref() == Some("true")),
+    )
+}
+
 impl ReleaseInputs {
     async fn read(
         allocator: &Allocator<'_>,
@@ -173,33 +222,55 @@ impl<'a> Labels<'a> {
         }
     }
 
-    /// Reads the node's labels now when a pool's node selector will need
-    /// them, so that the read is not made under the host lock; a failure
-    /// is left for the assignment to meet (and report) when it asks.
-    async fn read_ahead(&self, pools: &[IpPool]) {
-        if pools_select_nodes(pools) {
-            let _ = self.node_labels().await;
-        }
+    /// The node's labels as read early.
+    fn seed_node(&self, labels: BTreeMap<String, String>) {
+        let _ = self.node.set(labels);
+    }
+}
+
+/// The node's labels alone (what an early read's pool selectors need).
+struct NodeLabels<'a> {
+    store: &'a dyn Store,
+    host: &'a str,
+    node: tokio::sync::OnceCell<BTreeMap<String, String>>,
+}
+
+#[async_trait::async_trait]
+impl SelectorLabels for NodeLabels<'_> {
+    async fn node_labels(&self) -> std::result::Result<BTreeMap<String, String>, IpamError> {
+        self.node
+            .get_or_try_init(|| node_labels_of(self.store, self.host))
+            .await
+            .cloned()
+    }
+
+    async fn namespace_labels(&self) -> std::result::Result<BTreeMap<String, String>, IpamError> {
+        Ok(BTreeMap::new())
+    }
+}
+
+/// The labels of node `host`, as the datastore's cache holds it.
+async fn node_labels_of(
+    store: &dyn Store,
+    host: &str,
+) -> std::result::Result<BTreeMap<String, String>, IpamError> {
+    match store.get_cached::<Node>("", host).await {
+        Ok(Some(node)) => Ok(node.metadata.labels),
+        Ok(None) => Err(IpamError::NoPools(format!(
+            "failed to get node for host {host}: resource does not exist: Node({host})"
+        ))),
+        Err(source) => Err(IpamError::Datastore {
+            what: format!("failed to get node for host {host}"),
+            source,
+        }),
     }
 }
 
 #[async_trait::async_trait]
 impl SelectorLabels for Labels<'_> {
     async fn node_labels(&self) -> std::result::Result<BTreeMap<String, String>, IpamError> {
-        let host = self.call.host.as_str();
         self.node
-            .get_or_try_init(|| async {
-                match self.call.store.get_cached::<Node>("", host).await {
-                    Ok(Some(node)) => Ok(node.metadata.labels),
-                    Ok(None) => Err(IpamError::NoPools(format!(
-                        "failed to get node for host {host}: resource does not exist: Node({host})"
-                    ))),
-                    Err(source) => Err(IpamError::Datastore {
-                        what: format!("failed to get node for host {host}"),
-                        source,
-                    }),
-                }
-            })
+            .get_or_try_init(|| node_labels_of(self.call.store.as_ref(), &self.call.host))
             .await
             .cloned()
     }
@@ -302,8 +373,19 @@ fn attributes(call: &Call, req: &Request, vm: Option<&VmiInfo>) -> BTreeMap<Stri
 /// host route until the migration completes); a target whose VM has no
 /// address is refused.
 pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
+    add_from(call, req, None).await
+}
+
+/// [`add`] from what [`read_add`] read early (`None`: read now; reads of
+/// other families than this request's are read again).
+pub async fn add_from(call: &Call, req: &Request, early: Option<AddInputs>) -> Result<CniResult> {
     check_identifiers(req, &call.host)?;
-    let allocator = Allocator::new(call.store.as_ref(), &call.host);
+    let (num4, num6) = families(&req.conf);
+    let early = early.filter(|e| e.families == (num4, num6));
+    let mut allocator = Allocator::new(call.store.as_ref(), &call.host);
+    if let Some(e) = &early {
+        allocator = allocator.with_config(e.inputs.config().clone());
+    }
     let mut vm = vm_of(call, req, false).await?;
     if vm.is_some() && !allocator.config().await?.kubevirt_persistence() {
         if vm.as_ref().is_some_and(VmiInfo::is_migration_target) {
@@ -320,9 +402,12 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
     let attrs = attributes(call, req, vm.as_ref());
     let ipam = &req.conf.ipam;
     let labels = Labels::new(call, req);
+    if let Some(node) = early.as_ref().and_then(|e| e.node_labels.clone()) {
+        labels.seed_node(node);
+    }
     let auto = AutoAssign {
-        num4: usize::from(ipam.assign_ipv4.as_deref() != Some("false")),
-        num6: usize::from(ipam.assign_ipv6.as_deref() == Some("true")),
+        num4,
+        num6,
         handle: &handle,
         attrs: &attrs,
         pools4: &ipam.ipv4_pools,
@@ -336,9 +421,15 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
         // and before the host lock: the lock covers the block's read and
         // the writes alone.
         let ahead = if vm.is_none() && req.env.args.ip.is_none() {
-            let inputs = allocator.read_ahead(&auto).await?;
-            labels.read_ahead(inputs.pools()).await;
-            Some(inputs)
+            // (And the handle, where the lock would cover its write too.)
+            let read = async {
+                match early {
+                    Some(e) => Ok(e.inputs),
+                    None => allocator.read_ahead(&auto).await,
+                }
+            };
+            let (inputs, ()) = tokio::join!(read, allocator.create_handle_ahead(&auto, &lock_file));
+            Some(inputs?)
         } else {
             None
         };
@@ -390,9 +481,9 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
         let ips: Vec<IpNet> = assigned.v4.into_iter().chain(assigned.v6).collect();
         Ok(result_for(&ips))
     };
-    let result = tokio::time::timeout_at(call.deadline, work)
-        .await
-        .map_err(|_| timed_out("the address assignment"))??;
+    let result = tokio::time::timeout_at(call.deadline, work).await;
+    allocator.delete_unused_handle().await;
+    let result = result.map_err(|_| timed_out("the address assignment"))??;
     tracing::info!(%handle, ips = ?result.ips, "calico-ipam assigned");
     Ok(result)
 }
@@ -556,10 +647,13 @@ pub async fn gc(call: &Call, req: &Request) -> Result<()> {
         let lock = lock::acquire(&lock_file, call.deadline).await;
         let mut handles = allocator.host_handles(&prefix).await?;
         // With the lock held no call of this host is between its handle
-        // and its block write: a handle holding nothing was left by a
-        // killed ADD. (Without the lock, one may be in flight.)
+        // and its block write, but for one that wrote its handle ahead of
+        // the lock within a call's deadline: an older handle holding
+        // nothing was left by a killed ADD. (Without the lock, one may be
+        // in flight.)
         if lock.is_held() {
-            handles.extend(allocator.orphan_host_handles(&prefix).await?);
+            let in_flight = req.conf.deadline();
+            handles.extend(allocator.orphan_host_handles(&prefix, in_flight).await?);
         }
         let mut errors = Vec::new();
         for handle in handles {

@@ -25,15 +25,19 @@ impl Workload for PlainContainer {
                 "requested feature is not supported for this runtime: ip_addrs_no_ipam".into(),
             ));
         }
-        ctx.ensure_ready().await?;
+        // Is there an endpoint for this workload already? Read while the
+        // datastore's readiness is (nothing is written before it is known
+        // ready, and not being ready is the error reported first).
+        let (ready, existing) = tokio::join!(ctx.ensure_ready(), async {
+            ctx.endpoints()
+                .await?
+                .find(&ctx.namespace, &ctx.ids)
+                .await
+                .map_err(datastore_err("error listing WorkloadEndpoints"))
+        });
+        ready?;
         tracing::debug!("datastore ready");
-        // Is there an endpoint for this workload already?
-        let existing = ctx
-            .endpoints()
-            .await?
-            .find(&ctx.namespace, &ctx.ids)
-            .await
-            .map_err(datastore_err("error listing WorkloadEndpoints"))?;
+        let existing = existing?;
         if let Some(wep) = existing {
             return join_existing(ctx, wep).await.map(AddPlan::Done);
         }
