@@ -91,49 +91,23 @@ impl EtcdStore {
         }
     }
 
-    /// Writes `object` at its key in one transaction when `compare`
-    /// holds: the object as stored (its resourceVersion the revision that
-    /// wrote it), or, when the compare failed, the object and the answer
-    /// (with the key as it is, when `read_back`).
-    async fn put_if(
-        &self,
-        kind: &'static Kind,
-        object: Value,
-        compare: Compare,
-        read_back: bool,
-    ) -> Result<Result<Value, (Value, crate::etcd::TxnResponse)>, DatastoreError> {
-        // (One object per write, in order.)
-        Ok(
-            match self
-                .puts_if(vec![(kind, object, compare)], read_back)
-                .await?
-            {
-                Ok(mut stored) => Ok(stored.remove(0)),
-                Err((mut objects, answer)) => Err((objects.remove(0), answer)),
-            },
-        )
-    }
-
-    /// [`EtcdStore::put_if`] of several objects in one transaction, each
-    /// on its compare: all written or none (the answer's failure branch
-    /// then reads every key back, when `read_back`).
+    /// Writes every one of `puts` in one transaction when each one's
+    /// compare holds: the objects as stored (their resourceVersion the
+    /// revision that wrote them), or, when a compare failed, the writes and
+    /// the answer (with every key as it is, when `read_back`).
     async fn puts_if(
         &self,
-        writes: Vec<(&'static Kind, Value, Compare)>,
+        puts: Vec<Put>,
         read_back: bool,
-    ) -> Result<Result<Vec<Value>, (Vec<Value>, crate::etcd::TxnResponse)>, DatastoreError> {
+    ) -> Result<Result<Vec<Value>, (Vec<Put>, crate::etcd::TxnResponse)>, DatastoreError> {
         let mut txn = Txn::default();
-        let mut objects = Vec::with_capacity(writes.len());
-        let mut puts = Vec::with_capacity(writes.len());
-        for (kind, object, compare) in writes {
-            let (key, value) = codec::encode(kind, &object)?;
-            txn.compare.push(compare);
-            txn.success.push(Op::Put(key.clone(), value.clone()));
+        for put in &puts {
+            txn.compare.push(put.compare());
+            txn.success
+                .push(Op::Put(put.key.clone(), put.value.clone()));
             if read_back {
-                txn.failure.push(Op::Get(key.clone()));
+                txn.failure.push(Op::Get(put.key.clone()));
             }
-            objects.push(object);
-            puts.push((key, value));
         }
         let (answer, unanswered) = self.txn_settled(&txn).await?;
         let revisions = if answer.succeeded {
@@ -143,30 +117,42 @@ impl EtcdStore {
             // then every key holds exactly what it wrote.
             let mut applied = Vec::new();
             if unanswered {
-                for (key, value) in &puts {
-                    match self.client.get(key).await? {
-                        Some(kv) if kv.value == *value => applied.push(kv.mod_revision),
+                for put in &puts {
+                    match self.client.get(&put.key).await? {
+                        Some(kv) if kv.value == put.value => applied.push(kv.mod_revision),
                         _ => break,
                     }
                 }
             }
             if applied.len() < puts.len() {
-                return Ok(Err((objects, answer)));
+                return Ok(Err((puts, answer)));
             }
             applied
         };
-        for (object, revision) in objects.iter_mut().zip(revisions) {
-            set_meta(object, "resourceVersion", json!(revision.to_string()))?;
+        let mut stored = Vec::with_capacity(puts.len());
+        for (put, revision) in puts.into_iter().zip(revisions) {
+            let mut object = put.object;
+            set_meta(&mut object, "resourceVersion", json!(revision.to_string()))?;
+            stored.push(object);
         }
-        Ok(Ok(objects))
+        Ok(Ok(stored))
     }
+}
 
-    /// A creation's object (a v3 resource's uid and creationTimestamp
-    /// set) and its compare: the key has no version.
-    fn to_create(
-        kind: &'static Kind,
-        mut object: Value,
-    ) -> Result<(Value, Compare), DatastoreError> {
+/// One object's write in a transaction, encoded once: its key and value,
+/// and the revision an update is compared on (`None`: a create, compared
+/// on the key having no version).
+struct Put {
+    kind: &'static Kind,
+    object: Value,
+    key: String,
+    value: Vec<u8>,
+    revision: Option<i64>,
+}
+
+impl Put {
+    /// A creation (a v3 resource's uid and creationTimestamp set).
+    fn create(kind: &'static Kind, mut object: Value) -> Result<Put, DatastoreError> {
         if kind.etcd == super::EtcdLayout::V3 {
             set_meta(&mut object, "uid", json!(random_uuid()?))?;
             set_meta(
@@ -175,76 +161,84 @@ impl EtcdStore {
                 json!(rfc3339_utc(SystemTime::now())),
             )?;
         }
-        let key = codec::encode(kind, &object)?.0;
-        Ok((object, Compare::Version(key, 0)))
+        let (key, value) = codec::encode(kind, &object)?;
+        Ok(Put {
+            kind,
+            object,
+            key,
+            value,
+            revision: None,
+        })
     }
 
-    /// An update's compare: the key still at the revision read.
-    fn to_update(kind: &'static Kind, object: &Value) -> Result<(Compare, i64), DatastoreError> {
-        let revision = revision_of(object, kind)?;
-        let key = codec::encode(kind, object)?.0;
-        Ok((Compare::ModRevision(key, revision), revision))
+    /// An update on the revision the object was read at.
+    fn update(kind: &'static Kind, object: Value) -> Result<Put, DatastoreError> {
+        let revision = revision_of(&object, kind)?;
+        let (key, value) = codec::encode(kind, &object)?;
+        Ok(Put {
+            kind,
+            object,
+            key,
+            value,
+            revision: Some(revision),
+        })
     }
-}
 
-/// Why a write of `kind` whose compare failed failed, from its key as the
-/// failure branch read it (`revision`: the one an update was compared on;
-/// `None` for a create). `None` when its compare held.
-fn refusal(
-    kind: &Kind,
-    object: &Value,
-    revision: Option<i64>,
-    read: Option<&OpResponse>,
-) -> Option<DatastoreError> {
-    let what = kind.describe(meta_field(object, "namespace"), meta_field(object, "name"));
-    let current = match read {
-        Some(OpResponse::Get(kv)) => kv.as_ref(),
-        _ => None,
-    };
-    match (revision, current) {
-        (None, Some(_)) => Some(DatastoreError::AlreadyExists(what)),
-        (None, None) => None,
-        (Some(_), None) => Some(DatastoreError::NotFound(what)),
-        (Some(r), Some(kv)) if kv.mod_revision != r => Some(DatastoreError::Conflict(format!(
-            "{what} is at revision {}, not {r}",
-            kv.mod_revision
-        ))),
-        (Some(_), Some(_)) => None,
+    fn compare(&self) -> Compare {
+        match self.revision {
+            None => Compare::Version(self.key.clone(), 0),
+            Some(r) => Compare::ModRevision(self.key.clone(), r),
+        }
+    }
+
+    /// `Kind(ns/name)` of the object.
+    fn describe(&self) -> String {
+        self.kind.describe(
+            meta_field(&self.object, "namespace"),
+            meta_field(&self.object, "name"),
+        )
+    }
+
+    /// Why this write, in a transaction that failed, failed, from its key
+    /// as the failure branch read it; `None` when its compare held.
+    fn refusal(&self, read: Option<&OpResponse>) -> Option<DatastoreError> {
+        let current = match read {
+            Some(OpResponse::Get(kv)) => kv.as_ref(),
+            _ => None,
+        };
+        match (self.revision, current) {
+            (None, Some(_)) => Some(DatastoreError::AlreadyExists(self.describe())),
+            (None, None) => None,
+            (Some(_), None) => Some(DatastoreError::NotFound(self.describe())),
+            (Some(r), Some(kv)) if kv.mod_revision != r => Some(DatastoreError::Conflict(format!(
+                "{} is at revision {}, not {r}",
+                self.describe(),
+                kv.mod_revision
+            ))),
+            (Some(_), Some(_)) => None,
+        }
     }
 }
 
 impl EtcdStore {
-    async fn write_all(&self, writes: Vec<Write>) -> Result<Vec<Value>, DatastoreError> {
-        let mut puts = Vec::with_capacity(writes.len());
-        let mut revisions = Vec::with_capacity(writes.len());
-        for write in writes {
-            match write {
-                Write::Create(kind, object) => {
-                    let (object, compare) = Self::to_create(kind, object)?;
-                    puts.push((kind, object, compare));
-                    revisions.push(None);
-                }
-                Write::Update(kind, object) => {
-                    let (compare, revision) = Self::to_update(kind, &object)?;
-                    puts.push((kind, object, compare));
-                    revisions.push(Some(revision));
-                }
-            }
-        }
-        let kinds: Vec<&'static Kind> = puts.iter().map(|(kind, _, _)| *kind).collect();
-        match self.puts_if(puts, true).await? {
+    /// Every write in one transaction (see [`Store::write_together`]);
+    /// a create alone skips reading its key back (its only refusal is
+    /// that the key exists).
+    async fn write_all(&self, puts: Vec<Put>) -> Result<Vec<Value>, DatastoreError> {
+        let read_back = !(puts.len() == 1 && puts[0].revision.is_none());
+        match self.puts_if(puts, read_back).await? {
             Ok(stored) => Ok(stored),
-            Err((objects, answer)) => {
-                let refused = objects
+            Err((puts, answer)) => {
+                let refused = puts
                     .iter()
-                    .zip(&kinds)
-                    .zip(&revisions)
                     .enumerate()
-                    .find_map(|(i, ((object, kind), revision))| {
-                        refusal(kind, object, *revision, answer.responses.get(i))
-                    });
-                Err(refused.unwrap_or_else(|| {
-                    DatastoreError::Conflict("a write of several objects was refused".into())
+                    .find_map(|(i, put)| put.refusal(answer.responses.get(i)));
+                Err(refused.unwrap_or_else(|| match puts.as_slice() {
+                    [put] if put.revision.is_none() => {
+                        DatastoreError::AlreadyExists(put.describe())
+                    }
+                    [put] => DatastoreError::Conflict(put.describe()),
+                    _ => DatastoreError::Conflict("a write of several objects was refused".into()),
                 }))
             }
         }
@@ -364,14 +358,8 @@ impl Store for EtcdStore {
         kind: &'static Kind,
         object: Value,
     ) -> Result<Value, DatastoreError> {
-        let (object, compare) = Self::to_create(kind, object)?;
-        match self.put_if(kind, object, compare, false).await? {
-            Ok(stored) => Ok(stored),
-            Err((object, _)) => Err(DatastoreError::AlreadyExists(kind.describe(
-                meta_field(&object, "namespace"),
-                meta_field(&object, "name"),
-            ))),
-        }
+        let stored = self.write_all(vec![Put::create(kind, object)?]).await?;
+        Ok(stored.into_iter().next().unwrap_or_default())
     }
 
     async fn update_object(
@@ -379,32 +367,23 @@ impl Store for EtcdStore {
         kind: &'static Kind,
         object: Value,
     ) -> Result<Value, DatastoreError> {
-        let (compare, revision) = Self::to_update(kind, &object)?;
-        match self.put_if(kind, object, compare, true).await? {
-            Ok(stored) => Ok(stored),
-            Err((object, answer)) => {
-                Err(
-                    refusal(kind, &object, Some(revision), answer.responses.first())
-                        .unwrap_or_else(|| {
-                            DatastoreError::Conflict(kind.describe(
-                                meta_field(&object, "namespace"),
-                                meta_field(&object, "name"),
-                            ))
-                        }),
-                )
-            }
-        }
+        let stored = self.write_all(vec![Put::update(kind, object)?]).await?;
+        Ok(stored.into_iter().next().unwrap_or_default())
     }
 
-    /// One transaction: every compare (a create's key absent, an update's
-    /// at its revision) or nothing written; the failure branch reads each
-    /// key, which tells the first refused write's reason.
     fn writes_together(&self) -> bool {
         true
     }
 
     async fn write_together(&self, writes: Vec<Write>) -> Result<Vec<Value>, DatastoreError> {
-        self.write_all(writes).await
+        let puts = writes
+            .into_iter()
+            .map(|write| match write {
+                Write::Create(kind, object) => Put::create(kind, object),
+                Write::Update(kind, object) => Put::update(kind, object),
+            })
+            .collect::<Result<Vec<Put>, DatastoreError>>()?;
+        self.write_all(puts).await
     }
 
     async fn delete_object(
