@@ -1550,6 +1550,7 @@ fn the_v3_group_is_discovered_where_v1_is_not_served() {
         method: None,
         path_contains: Some("/apis/crd.projectcalico.org/".into()),
         path_is: None,
+        body_contains: None,
         times: None,
         fault: Fault::Answer(404, "text/plain", "404 page not found".into()),
     });

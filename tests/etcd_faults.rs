@@ -34,6 +34,19 @@ fn behind_a_proxy(test: &str) -> Option<(World, FaultProxy)> {
     Some((w, proxy))
 }
 
+/// [`behind_a_proxy`] with a pool of the world's first range and a config
+/// that reaches etcd through the proxy (`None`: not root, or no test bed).
+fn through_a_proxy(test: &str) -> Option<(World, FaultProxy, serde_json::Value)> {
+    if !root_or_skip(test) {
+        return None;
+    }
+    let (w, proxy) = behind_a_proxy(test)?;
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let mut conf = w.conf();
+    conf["etcd_endpoints"] = json!(proxy.url());
+    Some((w, proxy, conf))
+}
+
 #[test]
 fn calico_ipam_through_etcd_faults() {
     let test = "calico_ipam_through_etcd_faults";
@@ -130,19 +143,19 @@ fn calico_ipam_through_etcd_faults() {
 /// succeed and leave exactly one allocation, then none.
 #[test]
 fn a_write_whose_answer_is_lost_is_sent_again() {
-    let test = "a_write_whose_answer_is_lost_is_sent_again";
-    if !root_or_skip(test) {
-        return;
-    }
-    let Some((w, proxy)) = behind_a_proxy(test) else {
+    let Some((w, proxy, mut conf)) = through_a_proxy("a_write_whose_answer_is_lost_is_sent_again")
+    else {
         return;
     };
-    w.pool(&w.v4(0).to_string(), json!({}));
-    let mut conf = w.conf();
-    conf["etcd_endpoints"] = json!(proxy.url());
     conf["deadline_seconds"] = json!(8);
     let run = |verb: &str, cid: &str, netns: &str| w.plugin(verb, cid, netns, &conf, "", None);
-    let txn = |fault: Fault| Rule::on("POST", "/v3/kv/txn", fault).times(1);
+    // A transaction that writes (the reads a call makes at once go as a
+    // transaction too).
+    let txn = |fault: Fault| {
+        Rule::on("POST", "/v3/kv/txn", fault)
+            .with_body("request_put")
+            .times(1)
+    };
     let forwarded = || txn(Fault::Delay(Duration::ZERO));
 
     // The first ADD's first write (the block's claim) with its answer
@@ -188,5 +201,36 @@ fn a_write_whose_answer_is_lost_is_sent_again() {
         );
     }
     proxy.clear();
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
+}
+
+/// The reads an ADD makes at once (readiness, the existing endpoint, the
+/// network's profile, IPAM's configuration, pools, reservations, this
+/// host's affinities and its node) reach etcd as one read-only transaction,
+/// not a request apiece: the ADD makes three requests in all (those reads,
+/// the allocation, the endpoint), counted by the proxy in pass-through.
+#[test]
+fn an_adds_reads_reach_etcd_as_one_request() {
+    let Some((w, proxy, conf)) = through_a_proxy("an_adds_reads_reach_etcd_as_one_request") else {
+        return;
+    };
+    // The first ADD of this host claims a block; the second finds it.
+    let (first_netns, first) = (Netns::new(), container_id());
+    w.plugin("ADD", &first, &first_netns.path(), &conf, "", None)
+        .assert_ok();
+    let (netns, cid) = (Netns::new(), container_id());
+    let before = proxy.requests().len();
+    w.plugin("ADD", &cid, &netns.path(), &conf, "", None)
+        .assert_ok();
+    let requests = proxy.requests().split_off(before);
+    let ranges = requests.iter().filter(|(_, p)| p == "/v3/kv/range").count();
+    assert!(
+        requests.len() <= 3 && ranges == 0,
+        "the ADD's reads went one by one: {requests:?}"
+    );
+    for (cid, netns) in [(&cid, &netns), (&first, &first_netns)] {
+        w.plugin("DEL", cid, &netns.path(), &conf, "", None)
+            .assert_ok();
+    }
     assert!(w.allocations().is_empty(), "{:?}", w.allocations());
 }

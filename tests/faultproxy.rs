@@ -311,6 +311,27 @@ fn the_first_matching_rule_applies() {
 }
 
 #[test]
+fn a_body_rule_applies_only_to_bodies_that_contain_its_text() {
+    block_on(async {
+        let f = fixture();
+        f.proxy
+            .push(Rule::on("POST", "/v3/kv/txn", Fault::Status(503)).with_body("request_put"));
+        let read = r#"{"success":[{"request_range":{"key":"a2V5"}}]}"#;
+        let write = r#"{"success":[{"request_put":{"key":"a2V5","value":"dg=="}}]}"#;
+        let status = |answer: Result<Answer, BoxError>| answer.expect("an answer").status;
+        assert_eq!(
+            status(f.send("POST", "/v3/kv/txn", read).await),
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(f.send("POST", "/v3/kv/txn", write).await),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(f.hits(), 1, "the write was not forwarded");
+    });
+}
+
+#[test]
 fn times_limits_a_rule_then_requests_are_forwarded() {
     block_on(async {
         let f = fixture();

@@ -10,6 +10,7 @@
 //! or the `test-fakes` feature) records every operation without root.
 
 pub mod grpc;
+pub mod namespace_cleanup;
 pub mod netlink;
 pub mod netns;
 pub mod routes;
@@ -164,6 +165,10 @@ pub enum CleanupOutcome {
     /// The netns exists but the interface did not.
     LinkGone,
     Deleted,
+    /// Deleted as far as anyone can see (the pair is gone from both
+    /// namespaces, its routes with it); the kernel is still tearing it
+    /// down on a thread of this process, which does not exit before.
+    Unlisted,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -11,6 +11,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
+use crate::dataplane::namespace_cleanup;
 use crate::dataplane::netlink::{Netlink, RouteSpec, RtNetlink, VethSpec};
 use crate::dataplane::netns::NetNs;
 use crate::dataplane::sysctl::{self, Sysctl};
@@ -198,7 +199,7 @@ pub trait Namespaces: Send + Sync {
 }
 
 /// The kernel's namespaces: a socket made inside on a one-shot thread, and
-/// [`clean_up_namespace`].
+/// [`namespace_cleanup::clean_up_namespace`].
 pub struct KernelNamespaces;
 
 impl Namespaces for KernelNamespaces {
@@ -222,7 +223,9 @@ impl Namespaces for KernelNamespaces {
         ifname: &str,
         deadline: Instant,
     ) -> futures::future::BoxFuture<'static, Result<CleanupOutcome, DataplaneError>> {
-        Box::pin(clean_up_namespace(netns, ifname, deadline))
+        Box::pin(namespace_cleanup::clean_up_namespace(
+            netns, ifname, deadline,
+        ))
     }
 }
 
@@ -671,106 +674,4 @@ fn pod_socket(
         let _context = runtime.enter();
         RtNetlink::socket()
     })?
-}
-
-/// CleanUpNamespace: deletes `ifname` inside the pod netns (its host peer
-/// and host routes go with it). A missing netns or link is success.
-///
-/// The kernel takes most of a DEL's time here (a veth's teardown waits for
-/// RCU grace periods, within the request), so the request is made at once
-/// on the blocking pool, from a one-shot thread inside the pod netns: the
-/// caller's runtime meanwhile releases the address and updates the
-/// datastore.
-pub fn clean_up_namespace(
-    netns_path: &str,
-    ifname: &str,
-    deadline: Instant,
-) -> impl std::future::Future<Output = Result<CleanupOutcome, DataplaneError>> + use<> {
-    let netns_path = netns_path.to_string();
-    let ifname = ifname.to_string();
-    let started = if netns_path.is_empty() {
-        Ok(None)
-    } else {
-        NetNs::open(Path::new(&netns_path)).map(|opened| {
-            opened.map(|netns| {
-                tokio::task::spawn_blocking(move || {
-                    netns.run(move || delete_in_this_netns(&ifname))?
-                })
-            })
-        })
-    };
-    async move {
-        let Some(task) = started? else {
-            return Ok(CleanupOutcome::NetnsGone);
-        };
-        tokio::time::timeout(remaining(deadline), task)
-            .await
-            .map_err(|_| {
-                DataplaneError::Timeout(format!("timed out deleting device in netns {netns_path}"))
-            })?
-            .map_err(|_| DataplaneError::Netns("the netns cleanup stopped".into()))?
-    }
-}
-
-/// Deletes `ifname` in the calling thread's netns: one RTM_DELLINK by name
-/// on a synchronous netlink socket made there (the kernel does the work
-/// within the send; this thread needs no runtime of its own).
-fn delete_in_this_netns(ifname: &str) -> Result<CleanupOutcome, DataplaneError> {
-    use rtnetlink::LinkUnspec;
-    use rtnetlink::packet_core::{
-        NLM_F_ACK, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-    };
-    use rtnetlink::packet_route::RouteNetlinkMessage;
-    use rtnetlink::sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
-    let op = format!("delete link {ifname}");
-    let io = |e: std::io::Error| DataplaneError::Netlink {
-        op: op.clone(),
-        errno: e.raw_os_error().unwrap_or(0),
-        msg: e.to_string(),
-    };
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
-    socket.bind_auto().map_err(io)?;
-    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_ACK;
-    header.sequence_number = 1;
-    let mut request = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(RouteNetlinkMessage::DelLink(
-            LinkUnspec::new_with_name(ifname).build(),
-        )),
-    );
-    request.finalize();
-    let mut bytes = vec![0u8; request.buffer_len()];
-    request.serialize(&mut bytes);
-    let t = std::time::Instant::now();
-    socket.send(&bytes, 0).map_err(io)?;
-    let mut answer = vec![0u8; 8192];
-    let n = socket.recv(&mut &mut answer[..], 0).map_err(io)?;
-    tracing::debug!("kernel delete of {ifname} took {:?}", t.elapsed());
-    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[..n]).map_err(|e| {
-        DataplaneError::Netlink {
-            op: op.clone(),
-            errno: 0,
-            msg: format!("unreadable answer: {e}"),
-        }
-    })?;
-    match reply.payload {
-        NetlinkPayload::Error(e) => match e.code.map(|c| -c.get()) {
-            None => Ok(CleanupOutcome::Deleted),
-            Some(errno) if errno == libc::ENODEV || errno == libc::ENOENT => {
-                Ok(CleanupOutcome::LinkGone)
-            }
-            Some(errno) => Err(DataplaneError::Netlink {
-                op,
-                errno,
-                msg: std::io::Error::from_raw_os_error(errno).to_string(),
-            }),
-        },
-        other => Err(DataplaneError::Netlink {
-            op,
-            errno: 0,
-            msg: format!("unexpected answer: {other:?}"),
-        }),
-    }
 }

@@ -337,6 +337,13 @@ pub trait Store: Send + Sync {
         false
     }
 
+    /// Whether reads made at once go to the datastore as one request (etcd:
+    /// [`crate::etcd`]'s batch), so that a read that may turn out unneeded
+    /// costs next to nothing when made with others.
+    fn reads_together(&self) -> bool {
+        false
+    }
+
     /// Applies every one of `writes` or none (one transaction), each on
     /// its own precondition as [`Store::create_object`] and
     /// [`Store::update_object`] check it: the objects as stored, in order,

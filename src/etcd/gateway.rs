@@ -23,9 +23,10 @@ use tokio::time::Instant;
 
 use super::endpoints::{Endpoints, Failed, Round};
 use super::{
-    Compare, Credentials, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, Read, Txn, TxnResponse,
+    Compare, Credentials, EtcdConfig, EtcdError, KeyValue, Op, OpResponse, RangeRequest, Read, Txn,
+    TxnResponse,
 };
-use crate::connection_gate::ConnectionGate;
+use crate::connection_gate::{Announcing, ConnectionGate};
 
 /// How long connecting to one member may take before the next is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -34,7 +35,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// it (members restarting, a leader being elected: about a second).
 const RETRY_WINDOW: Duration = Duration::from_secs(3);
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+type HttpsClient = Client<Announcing<hyper_rustls::HttpsConnector<HttpConnector>>, Full<Bytes>>;
 
 #[derive(Clone)]
 pub struct Gateway {
@@ -80,13 +81,15 @@ impl Gateway {
             // connection for every request of the call).
             .enable_http2()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let gate = Arc::default();
+        let client = Client::builder(TokioExecutor::new())
+            .build(Announcing::new(connector, Arc::clone(&gate)));
         Ok(Gateway {
             client,
             endpoints,
             credentials: conf.credentials.clone(),
             token: Arc::default(),
-            gate: Arc::default(),
+            gate,
             cluster_id: Arc::default(),
         })
     }
@@ -287,24 +290,45 @@ impl Gateway {
 
     pub async fn range(
         &self,
-        key: &str,
-        range_end: Option<&[u8]>,
-        keys_only: bool,
-        read: Read,
+        range: &RangeRequest,
         deadline: Instant,
     ) -> Result<Vec<KeyValue>, EtcdError> {
-        let mut body = json!({ "key": B64.encode(key) });
-        if read == Read::Serializable {
-            body["serializable"] = json!(true);
-        }
-        if let Some(end) = range_end {
-            body["range_end"] = json!(B64.encode(end));
-        }
-        if keys_only {
-            body["keys_only"] = json!(true);
-        }
-        let answer = self.call("/v3/kv/range", &body, deadline).await?;
+        let answer = self
+            .call("/v3/kv/range", &range_json(range), deadline)
+            .await?;
         parse_range(&answer)
+    }
+
+    /// Several ranges in one read-only transaction (served as a range is:
+    /// without a round to the leader when every one is serializable).
+    pub async fn ranges(
+        &self,
+        ranges: &[RangeRequest],
+        deadline: Instant,
+    ) -> Result<Vec<Vec<KeyValue>>, EtcdError> {
+        let success: Vec<Value> = ranges
+            .iter()
+            .map(|r| json!({ "request_range": range_json(r) }))
+            .collect();
+        let answer = self
+            .call("/v3/kv/txn", &json!({ "success": success }), deadline)
+            .await?;
+        let answers = answer
+            .get("responses")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if answers.len() != ranges.len() {
+            return Err(EtcdError::Server(format!(
+                "etcd answered {} of {} reads of a transaction",
+                answers.len(),
+                ranges.len()
+            )));
+        }
+        answers
+            .iter()
+            .map(|a| parse_range(a.get("response_range").unwrap_or(&Value::Null)))
+            .collect()
     }
 
     pub async fn txn(&self, txn: &Txn, deadline: Instant) -> Result<TxnResponse, EtcdError> {
@@ -429,6 +453,20 @@ fn compare_json(c: &Compare) -> Value {
             "mod_revision": revision.to_string(),
         }),
     }
+}
+
+fn range_json(range: &RangeRequest) -> Value {
+    let mut body = json!({ "key": B64.encode(&range.key) });
+    if range.read == Read::Serializable {
+        body["serializable"] = json!(true);
+    }
+    if let Some(end) = &range.range_end {
+        body["range_end"] = json!(B64.encode(end));
+    }
+    if range.keys_only {
+        body["keys_only"] = json!(true);
+    }
+    body
 }
 
 fn op_json(op: &Op) -> Value {

@@ -126,22 +126,20 @@ impl Grpc {
 
     pub async fn range(
         &self,
-        key: &str,
-        range_end: Option<&[u8]>,
-        keys_only: bool,
-        read: super::Read,
+        range: &super::RangeRequest,
         deadline: Instant,
     ) -> Result<Vec<KeyValue>, EtcdError> {
         let mut options = GetOptions::new();
-        if read == super::Read::Serializable {
+        if range.read == super::Read::Serializable {
             options = options.with_serializable();
         }
-        if let Some(end) = range_end {
-            options = options.with_range(end);
+        if let Some(end) = &range.range_end {
+            options = options.with_range(end.clone());
         }
-        if keys_only {
+        if range.keys_only {
             options = options.with_keys_only();
         }
+        let key = range.key.as_str();
         let mut answer = self
             .call("range", deadline, |c| {
                 let options = options.clone();
@@ -149,6 +147,15 @@ impl Grpc {
             })
             .await?;
         answer.take_kvs().into_iter().map(key_value).collect()
+    }
+
+    /// Several ranges, each on its own (this transport is for measurement).
+    pub async fn ranges(
+        &self,
+        ranges: &[super::RangeRequest],
+        deadline: Instant,
+    ) -> Result<Vec<Vec<KeyValue>>, EtcdError> {
+        futures::future::try_join_all(ranges.iter().map(|r| self.range(r, deadline))).await
     }
 
     pub async fn txn(&self, txn: &Txn, deadline: Instant) -> Result<TxnResponse, EtcdError> {

@@ -9,6 +9,7 @@
 //! links: BENCHMARKS.md has the measurements against the etcd-client crate
 //! (gRPC over tonic) that made the choice.
 
+mod batch;
 mod endpoints;
 #[cfg(not(feature = "etcd-grpc"))]
 mod gateway;
@@ -145,11 +146,23 @@ pub struct TxnResponse {
     pub responses: Vec<OpResponse>,
 }
 
+/// One range of keys to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeRequest {
+    pub key: String,
+    /// The end of the range (exclusive); `None`: the key alone.
+    pub range_end: Option<Vec<u8>>,
+    pub keys_only: bool,
+    pub read: Read,
+}
+
 /// A client of one cluster bound to one invocation's deadline.
 #[derive(Clone)]
 pub struct EtcdClient {
     transport: Transport,
     deadline: Instant,
+    /// Reads made at once, sent in one request ([`batch`]).
+    reads: std::sync::Arc<batch::Batch>,
 }
 
 impl std::fmt::Debug for EtcdClient {
@@ -169,6 +182,7 @@ impl EtcdClient {
         Ok(EtcdClient {
             transport: Transport::new(conf)?,
             deadline,
+            reads: Default::default(),
         })
     }
 
@@ -192,6 +206,7 @@ impl EtcdClient {
         EtcdClient {
             transport: self.transport.clone(),
             deadline,
+            reads: Default::default(),
         }
     }
 
@@ -208,26 +223,32 @@ impl EtcdClient {
 
     async fn get_as(&self, key: &str, read: Read) -> Result<Option<KeyValue>, EtcdError> {
         let mut kvs = self
-            .transport
-            .range(key, None, false, read, self.deadline)
+            .range(RangeRequest {
+                key: key.to_string(),
+                range_end: None,
+                keys_only: false,
+                read,
+            })
             .await?;
         Ok(kvs.pop())
+    }
+
+    /// Reads `range`, in one request with the reads made at the same time.
+    async fn range(&self, range: RangeRequest) -> Result<Vec<KeyValue>, EtcdError> {
+        self.reads.read(&self.transport, range, self.deadline).await
     }
 
     /// Every key under `prefix` (with values unless `keys_only`), in key
     /// order, as of now (a linearizable read: the member asks the leader
     /// how far the cluster has got first).
     pub async fn list(&self, prefix: &str, keys_only: bool) -> Result<Vec<KeyValue>, EtcdError> {
-        let end = prefix_end(prefix.as_bytes());
-        self.transport
-            .range(
-                prefix,
-                Some(&end),
-                keys_only,
-                Read::Linearizable,
-                self.deadline,
-            )
-            .await
+        self.range(RangeRequest {
+            key: prefix.to_string(),
+            range_end: Some(prefix_end(prefix.as_bytes())),
+            keys_only,
+            read: Read::Linearizable,
+        })
+        .await
     }
 
     /// [`EtcdClient::list`] as the member that answers has it, which may
@@ -236,10 +257,13 @@ impl EtcdClient {
     /// serves lists. For data a writer checks again anyway (every write is
     /// compare-and-swap on what it read).
     pub async fn list_local(&self, prefix: &str) -> Result<Vec<KeyValue>, EtcdError> {
-        let end = prefix_end(prefix.as_bytes());
-        self.transport
-            .range(prefix, Some(&end), false, Read::Serializable, self.deadline)
-            .await
+        self.range(RangeRequest {
+            key: prefix.to_string(),
+            range_end: Some(prefix_end(prefix.as_bytes())),
+            keys_only: false,
+            read: Read::Serializable,
+        })
+        .await
     }
 
     /// Runs a transaction.

@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::connection_gate::{Announcing, ConnectionGate};
 use crate::k8s::config::K8sConfig;
 use crate::k8s::objects::{Namespace, Node, Pod};
 
@@ -162,7 +163,7 @@ pub struct K8sClient {
     deadline: Instant,
     pods: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(String, String), Pod>>>,
     /// The call's first request opens the connection alone (HTTP/2).
-    opening: std::sync::Arc<crate::connection_gate::ConnectionGate>,
+    opening: std::sync::Arc<ConnectionGate>,
     /// The API server's URL.
     server: String,
 }
@@ -241,10 +242,13 @@ fn build_client(
     config: &kube::Config,
     token: Option<&str>,
     auth: Option<kube::client::middleware::AuthLayer>,
+    opening: &std::sync::Arc<ConnectionGate>,
 ) -> Result<kube::Client, K8sError> {
     use kube::client::ConfigExt;
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build(https_connector(config)?);
+    let http =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(
+            Announcing::new(https_connector(config)?, std::sync::Arc::clone(opening)),
+        );
     let authorization = token
         .map(|t| {
             let mut value = http::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
@@ -455,13 +459,14 @@ impl K8sClient {
                 ))
             })?
         };
-        let client = build_client(&config, credentials.token.as_deref(), auth)?;
+        let opening = std::sync::Arc::default();
+        let client = build_client(&config, credentials.token.as_deref(), auth, &opening)?;
         Ok(K8sClient {
             client,
             credentials,
             deadline,
             pods: Default::default(),
-            opening: Default::default(),
+            opening,
             server: config.cluster_url.to_string(),
         })
     }

@@ -55,6 +55,8 @@ pub struct Context {
     datastore: OnceCell<Datastore>,
     ipam: OnceCell<Arc<dyn Ipam>>,
     namespace_labels: Arc<OnceLock<BTreeMap<String, String>>>,
+    /// Whether the network's profile exists, once read.
+    profile: OnceCell<bool>,
 }
 
 impl Context {
@@ -116,6 +118,7 @@ impl Context {
             datastore: OnceCell::new(),
             ipam: OnceCell::new(),
             namespace_labels: Arc::new(OnceLock::new()),
+            profile: OnceCell::new(),
         }
     }
 
@@ -204,6 +207,24 @@ impl Context {
     }
 
     /// The ClusterInformation readiness gate.
+    /// Whether the network's profile (named after it) exists, read once
+    /// per call as the datastore's cache holds it (a profile is made once
+    /// and never changed); a failed read is not remembered.
+    pub async fn network_profile_exists(&self) -> Result<bool> {
+        let name = &self.req.conf.name;
+        self.profile
+            .get_or_try_init(|| async {
+                self.store()
+                    .await?
+                    .get_cached::<crate::datastore::model::Profile>("", name)
+                    .await
+                    .map(|p| p.is_some())
+                    .map_err(|e| e.context(&format!("error getting profile {name}")))
+            })
+            .await
+            .copied()
+    }
+
     pub async fn ensure_ready(&self) -> Result<()> {
         match self.store().await?.cluster_ready().await {
             Ok(true) => Ok(()),

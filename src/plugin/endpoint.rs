@@ -60,14 +60,13 @@ pub async fn ensure_profile(ctx: &Context) -> Result<()> {
     if !ctx.req.conf.policy.kind.is_empty() {
         return Ok(());
     }
+    if ctx.network_profile_exists().await? {
+        return Ok(());
+    }
     let store = ctx.store().await?;
-    match store.get_cached::<Profile>("", name).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => match store.create(&mut Profile::for_network(name, false)).await {
-            Ok(_) | Err(DatastoreError::AlreadyExists(_)) => Ok(()),
-            Err(e) => Err(e.context(&format!("error creating profile {name}"))),
-        },
-        Err(e) => Err(e.context(&format!("error getting profile {name}"))),
+    match store.create(&mut Profile::for_network(name, false)).await {
+        Ok(_) | Err(DatastoreError::AlreadyExists(_)) => Ok(()),
+        Err(e) => Err(e.context(&format!("error creating profile {name}"))),
     }
 }
 

@@ -61,7 +61,7 @@ pub async fn local_teardown(
                 Ok(())
             }
         }
-        Ok(CleanupOutcome::LinkGone | CleanupOutcome::Deleted) => Ok(()),
+        Ok(CleanupOutcome::LinkGone | CleanupOutcome::Deleted | CleanupOutcome::Unlisted) => Ok(()),
         Err(e) => Err(e),
     };
     let released = match (ipam, pending) {

@@ -80,6 +80,8 @@ pub struct Rule {
     pub path_contains: Option<String>,
     /// Matches only this path (with its query), when set.
     pub path_is: Option<String>,
+    /// Matches only a request whose body contains this, when set.
+    pub body_contains: Option<String>,
     pub times: Option<usize>,
     pub fault: Fault,
 }
@@ -107,6 +109,7 @@ impl Rule {
             method: None,
             path_contains: None,
             path_is: None,
+            body_contains: None,
             times: None,
             fault,
         }
@@ -117,8 +120,19 @@ impl Rule {
             method: Some(method.to_owned()),
             path_contains: Some(path_contains.to_owned()),
             path_is: None,
+            body_contains: None,
             times: None,
             fault,
+        }
+    }
+
+    /// Only requests whose body contains `text` (an etcd transaction that
+    /// writes: `request_put`).
+    #[allow(dead_code)]
+    pub fn with_body(self, text: &str) -> Rule {
+        Rule {
+            body_contains: Some(text.to_owned()),
+            ..self
         }
     }
 
@@ -136,13 +150,18 @@ impl Rule {
             method: Some(method.to_owned()),
             path_contains: None,
             path_is: Some(path.to_owned()),
+            body_contains: None,
             times: None,
             fault,
         }
     }
 
-    fn matches(&self, method: &str, path: &str) -> bool {
+    fn matches(&self, method: &str, path: &str, body: &[u8]) -> bool {
         self.times != Some(0)
+            && self.body_contains.as_deref().is_none_or(|text| {
+                body.windows(text.len().max(1))
+                    .any(|w| w == text.as_bytes())
+            })
             && self.method.as_deref().is_none_or(|m| m == method)
             && self
                 .path_contains
@@ -163,9 +182,12 @@ struct State {
 impl State {
     /// Logs a request; the fault of the first rule that matches it, if any,
     /// counted against the rule's `times`.
-    fn arrive(&mut self, method: &str, path: &str) -> Option<Fault> {
+    fn arrive(&mut self, method: &str, path: &str, body: &[u8]) -> Option<Fault> {
         self.requests.push((method.to_owned(), path.to_owned()));
-        let index = self.rules.iter().position(|r| r.matches(method, path))?;
+        let index = self
+            .rules
+            .iter()
+            .position(|r| r.matches(method, path, body))?;
         let rule = &mut self.rules[index];
         let fault = rule.fault.clone();
         if let Some(left) = &mut rule.times {
@@ -383,9 +405,17 @@ impl Forwarder {
         req: Request<Incoming>,
         reset: &Notify,
     ) -> Result<Response<Body>, Infallible> {
-        let method = req.method().as_str();
-        let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-        let fault = lock(&self.state).arrive(method, path);
+        // Whole bodies, read first (a rule may look into one) and counted
+        // (requests and answers here are small).
+        let (parts, body) = req.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let method = parts.method.as_str();
+        let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let fault = lock(&self.state).arrive(method, path, &body);
         let lost = matches!(fault, Some(Fault::Lost));
         match fault {
             None | Some(Fault::Lost) => {}
@@ -396,11 +426,9 @@ impl Forwarder {
                     .expect("the fault proxy's Before action panicked");
             }
             Some(Fault::Status(code)) => {
-                read_body(req).await;
                 return Ok(status(code, "injected by the fault proxy"));
             }
             Some(Fault::Answer(code, content_type, body)) => {
-                read_body(req).await;
                 let mut response = Response::new(Either::Right(Full::new(Bytes::from(body))));
                 *response.status_mut() =
                     StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -410,22 +438,13 @@ impl Forwarder {
                 return Ok(response);
             }
             Some(Fault::Hang) => {
-                read_body(req).await;
                 return std::future::pending().await;
             }
             Some(Fault::Reset) => {
-                read_body(req).await;
                 reset.notify_one();
                 return std::future::pending().await;
             }
         }
-        // Whole bodies, counted (requests and answers here are small).
-        let (parts, body) = req.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
         lock(&self.state).bytes.0 += body.len() as u64;
         let req = Request::from_parts(parts, Full::new(body));
         if lost {
@@ -449,11 +468,6 @@ impl Forwarder {
             Err(e) => status(502, &format!("the fault proxy's upstream: {e}")),
         })
     }
-}
-
-/// Reads a request in full, as a server does before it answers.
-async fn read_body(req: Request<Incoming>) {
-    let _ = req.into_body().collect().await;
 }
 
 async fn accept_loop(

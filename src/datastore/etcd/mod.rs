@@ -375,6 +375,10 @@ impl Store for EtcdStore {
         true
     }
 
+    fn reads_together(&self) -> bool {
+        true
+    }
+
     async fn write_together(&self, writes: Vec<Write>) -> Result<Vec<Value>, DatastoreError> {
         let puts = writes
             .into_iter()

@@ -635,7 +635,13 @@ impl<'a> Allocator<'a> {
         // Read ahead of the lock, the node's labels too when a pool's node
         // selector will need them, as soon as the pools say so (a failure
         // is left for the assignment to meet, and report, when it asks).
+        // Where reads made at once cost one request, the node is read with
+        // the pools rather than after them, in case they need it.
         let pools = async {
+            if ahead && self.store.reads_together() {
+                let (pools, _) = tokio::join!(self.pools(), req.labels.node_labels());
+                return pools;
+            }
             let pools = self.pools().await?;
             if ahead && pools_select_nodes(&pools) {
                 let _ = req.labels.node_labels().await;

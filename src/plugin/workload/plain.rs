@@ -27,14 +27,24 @@ impl Workload for PlainContainer {
         }
         // Is there an endpoint for this workload already? Read while the
         // datastore's readiness is (nothing is written before it is known
-        // ready, and not being ready is the error reported first).
-        let (ready, existing) = tokio::join!(ctx.ensure_ready(), async {
-            ctx.endpoints()
-                .await?
-                .find(&ctx.namespace, &ctx.ids)
-                .await
-                .map_err(datastore_err("error listing WorkloadEndpoints"))
-        });
+        // ready, and not being ready is the error reported first), with
+        // the network's profile, which the new endpoint will need (a
+        // failure is met again, and reported, then).
+        let (ready, existing, _) = tokio::join!(
+            ctx.ensure_ready(),
+            async {
+                ctx.endpoints()
+                    .await?
+                    .find(&ctx.namespace, &ctx.ids)
+                    .await
+                    .map_err(datastore_err("error listing WorkloadEndpoints"))
+            },
+            async {
+                if req.conf.policy.kind.is_empty() {
+                    let _ = ctx.network_profile_exists().await;
+                }
+            }
+        );
         ready?;
         tracing::debug!("datastore ready");
         let existing = existing?;

@@ -1,0 +1,199 @@
+//! CleanUpNamespace on the kernel: the pod's interface deleted inside its
+//! netns (its host peer and host routes go with it).
+//!
+//! A veth's deletion is two things in one request: the kernel unlists the
+//! pair (both ends down and gone from their namespaces, their routes
+//! flushed, an RTM_DELLINK announced) within a millisecond or two, and
+//! then, still inside the request, waits for RCU callbacks and for the
+//! devices' last references (10-25 ms on a 2-core node) before it answers.
+//! DEL needs only the first: once the interface is unlisted nothing routes
+//! to the address any more, so the release can go on. The request is
+//! therefore sent from the blocking pool while a socket subscribed to the
+//! namespace's link announcements, made inside it beforehand, watches for
+//! the interface's RTM_DELLINK; whichever comes first — that announcement
+//! or the kernel's answer (an error, or a link that was not there) —
+//! decides. The request's thread runs on to the answer by itself; the
+//! process does not exit before it.
+
+use std::path::Path;
+
+use futures::StreamExt;
+use rtnetlink::packet_core::{
+    NLM_F_ACK, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use rtnetlink::packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_route::link::LinkAttribute;
+use rtnetlink::sys::{AsyncSocket, Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use tokio::time::Instant;
+
+use crate::dataplane::netns::NetNs;
+use crate::dataplane::{CleanupOutcome, DataplaneError};
+
+/// Link announcements received before the watched interface's: a pod
+/// namespace announces little else (the pair going down first).
+type Announcements =
+    futures::channel::mpsc::UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>;
+
+/// CleanUpNamespace: deletes `ifname` inside the pod netns at `netns_path`
+/// by `deadline`. A missing netns or link is success. Resolves as soon as
+/// the interface is gone from the namespace (see the module's note).
+pub fn clean_up_namespace(
+    netns_path: &str,
+    ifname: &str,
+    deadline: Instant,
+) -> impl std::future::Future<Output = Result<CleanupOutcome, DataplaneError>> + use<> {
+    let netns_path = netns_path.to_string();
+    let ifname = ifname.to_string();
+    let opened = if netns_path.is_empty() {
+        Ok(None)
+    } else {
+        NetNs::open(Path::new(&netns_path))
+    };
+    async move {
+        let Some(netns) = opened? else {
+            return Ok(CleanupOutcome::NetnsGone);
+        };
+        let runtime = tokio::runtime::Handle::current();
+        let (watching, watched) = tokio::sync::oneshot::channel();
+        let name = ifname.clone();
+        let answered = tokio::task::spawn_blocking(move || {
+            let (watch, request) = netns.run(|| {
+                let _context = runtime.enter();
+                (watch_links(), request_socket(&name))
+            })?;
+            // Without a watch the answer alone decides.
+            let _ = watching.send(watch);
+            delete_by_name(&request?, &name)
+        });
+        let gone = async {
+            match watched.await {
+                Ok(Ok(announcements)) => unlisted(announcements, &ifname).await,
+                Ok(Err(e)) => {
+                    tracing::debug!(
+                        "no watch on the pod's links ({e}); waiting for the kernel's answer"
+                    );
+                    std::future::pending().await
+                }
+                Err(_) => std::future::pending().await,
+            }
+        };
+        let outcome = async {
+            tokio::select! {
+                answer = answered => answer
+                    .map_err(|_| DataplaneError::Netns("the netns cleanup stopped".into()))?,
+                () = gone => {
+                    tracing::debug!("{ifname} unlisted; the kernel finishes its deletion meanwhile");
+                    Ok(CleanupOutcome::Unlisted)
+                }
+            }
+        };
+        tokio::time::timeout_at(deadline, outcome)
+            .await
+            .map_err(|_| {
+                DataplaneError::Timeout(format!("timed out deleting device in netns {netns_path}"))
+            })?
+    }
+}
+
+/// A socket subscribed to the calling thread's namespace's link
+/// announcements, driven on the runtime whose context the thread entered.
+fn watch_links() -> Result<Announcements, DataplaneError> {
+    let (mut conn, _handle, announcements) =
+        rtnetlink::new_connection().map_err(io_error("watch links"))?;
+    conn.socket_mut()
+        .socket_mut()
+        .bind(&SocketAddr::new(0, rtnetlink::constants::RTMGRP_LINK))
+        .map_err(io_error("watch links"))?;
+    tokio::spawn(conn);
+    Ok(announcements)
+}
+
+/// Resolves when `ifname`'s RTM_DELLINK arrives; never, if the watch ends
+/// first (the kernel's answer then decides).
+async fn unlisted(mut announcements: Announcements, ifname: &str) {
+    while let Some((message, _)) = announcements.next().await {
+        if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(link)) = message.payload
+            && link
+                .attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::IfName(n) if n == ifname))
+        {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+/// A synchronous netlink socket in the calling thread's namespace; it
+/// stays in that namespace whichever thread then uses it.
+fn request_socket(ifname: &str) -> Result<Socket, DataplaneError> {
+    let io = io_error(&format!("delete link {ifname}"));
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(&io)?;
+    socket.bind_auto().map_err(&io)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(&io)?;
+    Ok(socket)
+}
+
+/// One RTM_DELLINK by name on `socket`, and the kernel's answer (the
+/// kernel does the whole deletion within the send).
+fn delete_by_name(socket: &Socket, ifname: &str) -> Result<CleanupOutcome, DataplaneError> {
+    use rtnetlink::LinkUnspec;
+    let op = format!("delete link {ifname}");
+    let io = io_error(&op);
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    header.sequence_number = 1;
+    let mut request = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(RouteNetlinkMessage::DelLink(
+            LinkUnspec::new_with_name(ifname).build(),
+        )),
+    );
+    request.finalize();
+    let mut bytes = vec![0u8; request.buffer_len()];
+    request.serialize(&mut bytes);
+    let t = std::time::Instant::now();
+    socket.send(&bytes, 0).map_err(&io)?;
+    let mut answer = vec![0u8; 8192];
+    let n = socket.recv(&mut &mut answer[..], 0).map_err(&io)?;
+    tracing::debug!("kernel delete of {ifname} took {:?}", t.elapsed());
+    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[..n]).map_err(|e| {
+        DataplaneError::Netlink {
+            op: op.clone(),
+            errno: 0,
+            msg: format!("unreadable answer: {e}"),
+        }
+    })?;
+    let outcome = match reply.payload {
+        NetlinkPayload::Error(e) => match e.code.map(|c| -c.get()) {
+            None => Ok(CleanupOutcome::Deleted),
+            Some(errno) if errno == libc::ENODEV || errno == libc::ENOENT => {
+                Ok(CleanupOutcome::LinkGone)
+            }
+            Some(errno) => Err(DataplaneError::Netlink {
+                op,
+                errno,
+                msg: std::io::Error::from_raw_os_error(errno).to_string(),
+            }),
+        },
+        other => Err(DataplaneError::Netlink {
+            op,
+            errno: 0,
+            msg: format!("unexpected answer: {other:?}"),
+        }),
+    };
+    if let Err(e) = &outcome {
+        // Logged here too: the caller may have gone on at the announcement.
+        tracing::warn!("deleting {ifname}: {e}");
+    }
+    outcome
+}
+
+fn io_error(op: &str) -> impl Fn(std::io::Error) -> DataplaneError + use<> {
+    let op = op.to_string();
+    move |e| DataplaneError::Netlink {
+        op: op.clone(),
+        errno: e.raw_os_error().unwrap_or(0),
+        msg: e.to_string(),
+    }
+}
