@@ -50,14 +50,10 @@ impl ConnectionGate {
         }
     }
 
-    /// A request got an answer: the connection is up and pooled.
-    pub fn answered(&self) {
-        self.open.send_replace(true);
-    }
-
-    /// A connection settled on HTTP/2: hyper pools it for every request
-    /// before it sends the one that opened it.
-    fn negotiated_h2(&self) {
+    /// The connection is up and pooled: a request got an answer, or (from
+    /// [`Announcing`]) a connection settled on HTTP/2, which hyper pools
+    /// for every request before it sends the one that opened it.
+    pub fn opened(&self) {
         self.open.send_replace(true);
     }
 }
@@ -96,7 +92,7 @@ where
         Box::pin(async move {
             let io = connecting.await?;
             if io.connected().is_negotiated_h2() {
-                gate.negotiated_h2();
+                gate.opened();
             }
             Ok(io)
         })
@@ -117,7 +113,7 @@ mod tests {
         // Unanswered (a connection error): the next one goes alone.
         drop(first);
         let second = gate.turn().await.expect("alone in turn");
-        gate.answered();
+        gate.opened();
         drop(second);
         assert!(gate.turn().await.is_none(), "all at once from now on");
     }

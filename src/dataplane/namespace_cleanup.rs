@@ -26,6 +26,7 @@ use rtnetlink::packet_route::link::LinkAttribute;
 use rtnetlink::sys::{AsyncSocket, Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tokio::time::Instant;
 
+use crate::dataplane::netlink::io_error;
 use crate::dataplane::netns::NetNs;
 use crate::dataplane::{CleanupOutcome, DataplaneError};
 
@@ -187,13 +188,4 @@ fn delete_by_name(socket: &Socket, ifname: &str) -> Result<CleanupOutcome, Datap
         tracing::warn!("deleting {ifname}: {e}");
     }
     outcome
-}
-
-fn io_error(op: &str) -> impl Fn(std::io::Error) -> DataplaneError + use<> {
-    let op = op.to_string();
-    move |e| DataplaneError::Netlink {
-        op: op.clone(),
-        errno: e.raw_os_error().unwrap_or(0),
-        msg: e.to_string(),
-    }
 }

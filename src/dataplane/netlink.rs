@@ -239,11 +239,7 @@ impl RtNetlink {
         DataplaneError,
     > {
         let (conn, handle, _) =
-            rtnetlink::new_connection().map_err(|e| DataplaneError::Netlink {
-                op: "open netlink socket".into(),
-                errno: e.raw_os_error().unwrap_or(0),
-                msg: e.to_string(),
-            })?;
+            rtnetlink::new_connection().map_err(io_error("open netlink socket"))?;
         Ok((conn, handle))
     }
 
@@ -436,6 +432,16 @@ impl Netlink for RtNetlink {
             .await
             .map_err(|e| nl_err("list routes", e))?;
         Ok(msgs.iter().filter_map(route_spec).collect())
+    }
+}
+
+/// An I/O error of the netlink socket, as the [`DataplaneError`] of `op`.
+pub fn io_error(op: &str) -> impl Fn(std::io::Error) -> DataplaneError + use<> {
+    let op = op.to_string();
+    move |e| DataplaneError::Netlink {
+        op: op.clone(),
+        errno: e.raw_os_error().unwrap_or(0),
+        msg: e.to_string(),
     }
 }
 

@@ -58,27 +58,23 @@ impl Batch {
         let waiting =
             std::mem::take(&mut *self.waiting.lock().unwrap_or_else(PoisonError::into_inner));
         let (ranges, answers): (Vec<_>, Vec<_>) = waiting.into_iter().unzip();
-        match ranges.as_slice() {
-            [] => {}
-            [range] => {
-                let answer = transport.range(range, deadline).await;
-                for to in answers {
-                    let _ = to.send(answer.clone());
-                }
-            }
+        let found = match ranges.as_slice() {
+            [] => return,
+            [range] => transport.range(range, deadline).await.map(|kvs| vec![kvs]),
             _ => {
                 tracing::trace!(reads = ranges.len(), "reads sent in one transaction");
-                match transport.ranges(&ranges, deadline).await {
-                    Ok(found) => {
-                        for (to, kvs) in answers.into_iter().zip(found) {
-                            let _ = to.send(Ok(kvs));
-                        }
-                    }
-                    Err(e) => {
-                        for to in answers {
-                            let _ = to.send(Err(e.clone()));
-                        }
-                    }
+                transport.ranges(&ranges, deadline).await
+            }
+        };
+        match found {
+            Ok(found) => {
+                for (to, kvs) in answers.into_iter().zip(found) {
+                    let _ = to.send(Ok(kvs));
+                }
+            }
+            Err(e) => {
+                for to in answers {
+                    let _ = to.send(Err(e.clone()));
                 }
             }
         }

@@ -234,7 +234,7 @@ impl Gateway {
             "etcd request"
         );
         if sent.is_ok() {
-            self.gate.answered();
+            self.gate.opened();
         }
         drop(turn);
         let response = sent.map_err(|e| {

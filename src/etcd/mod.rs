@@ -156,6 +156,27 @@ pub struct RangeRequest {
     pub read: Read,
 }
 
+impl RangeRequest {
+    fn key(key: &str, read: Read) -> RangeRequest {
+        RangeRequest {
+            key: key.to_string(),
+            range_end: None,
+            keys_only: false,
+            read,
+        }
+    }
+
+    /// Every key under `prefix`.
+    fn prefix(prefix: &str, keys_only: bool, read: Read) -> RangeRequest {
+        RangeRequest {
+            key: prefix.to_string(),
+            range_end: Some(prefix_end(prefix.as_bytes())),
+            keys_only,
+            read,
+        }
+    }
+}
+
 /// A client of one cluster bound to one invocation's deadline.
 #[derive(Clone)]
 pub struct EtcdClient {
@@ -222,14 +243,7 @@ impl EtcdClient {
     }
 
     async fn get_as(&self, key: &str, read: Read) -> Result<Option<KeyValue>, EtcdError> {
-        let mut kvs = self
-            .range(RangeRequest {
-                key: key.to_string(),
-                range_end: None,
-                keys_only: false,
-                read,
-            })
-            .await?;
+        let mut kvs = self.range(RangeRequest::key(key, read)).await?;
         Ok(kvs.pop())
     }
 
@@ -242,13 +256,8 @@ impl EtcdClient {
     /// order, as of now (a linearizable read: the member asks the leader
     /// how far the cluster has got first).
     pub async fn list(&self, prefix: &str, keys_only: bool) -> Result<Vec<KeyValue>, EtcdError> {
-        self.range(RangeRequest {
-            key: prefix.to_string(),
-            range_end: Some(prefix_end(prefix.as_bytes())),
-            keys_only,
-            read: Read::Linearizable,
-        })
-        .await
+        self.range(RangeRequest::prefix(prefix, keys_only, Read::Linearizable))
+            .await
     }
 
     /// [`EtcdClient::list`] as the member that answers has it, which may
@@ -257,13 +266,8 @@ impl EtcdClient {
     /// serves lists. For data a writer checks again anyway (every write is
     /// compare-and-swap on what it read).
     pub async fn list_local(&self, prefix: &str) -> Result<Vec<KeyValue>, EtcdError> {
-        self.range(RangeRequest {
-            key: prefix.to_string(),
-            range_end: Some(prefix_end(prefix.as_bytes())),
-            keys_only: false,
-            read: Read::Serializable,
-        })
-        .await
+        self.range(RangeRequest::prefix(prefix, false, Read::Serializable))
+            .await
     }
 
     /// Runs a transaction.

@@ -579,7 +579,7 @@ impl K8sClient {
                     &answer,
                     Err(kube::Error::HyperError(_) | kube::Error::Service(_))
                 ) {
-                    self.opening.answered();
+                    self.opening.opened();
                 }
                 drop(turn);
                 answer
