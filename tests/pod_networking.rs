@@ -590,3 +590,60 @@ fn del_completes_local_teardown_when_the_datastore_fails() {
     s.run("DEL", &cid, &ns.path(), "eth0").assert_ok();
     assert!(s.endpoints().is_empty());
 }
+
+/// The pod's pair is made while the datastore is read, but only where its
+/// names are free: an ADD that then fails never removes an interface that
+/// already had the pod's host veth name.
+#[test]
+fn a_failed_add_leaves_an_existing_interface_of_its_name() {
+    if !root_or_skip("a_failed_add_leaves_an_existing_interface_of_its_name") {
+        return;
+    }
+    let s = Setup::new("1.0.0", false);
+    let store = calico_cni::datastore::local::LocalStore::open(
+        &s.store_path(),
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap();
+    store.set_cluster_ready(false).unwrap();
+    let ns = Netns::new();
+    let cid = container_id();
+    let veth = host_veth(&cid);
+    let peer = format!("x{}", &veth[veth.len() - 12..]);
+    run_ok(
+        "ip",
+        &["link", "add", &veth, "type", "veth", "peer", "name", &peer],
+    );
+    let out = s.run("ADD", &cid, &ns.path(), "eth0");
+    let kept = host_link_exists(&veth);
+    let _ = std::process::Command::new("ip")
+        .args(["link", "del", &veth])
+        .status();
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(kept, "the existing {veth} was removed");
+    assert!(ns.link("eth0").is_none());
+    assert!(s.reservations().is_empty());
+}
+
+/// A repeat ADD of a container whose endpoint exists reuses the endpoint
+/// and makes no networking: a pair made ahead for it (its names were free:
+/// the host veth had been removed) is removed again.
+#[test]
+fn a_repeat_add_removes_the_pair_made_ahead() {
+    if !root_or_skip("a_repeat_add_removes_the_pair_made_ahead") {
+        return;
+    }
+    let s = Setup::new("1.0.0", false);
+    let ns = Netns::new();
+    let cid = container_id();
+    let veth = host_veth(&cid);
+    let first = s.run("ADD", &cid, &ns.path(), "eth0").assert_ok().json();
+    run_ok("ip", &["link", "del", &veth]);
+    assert!(ns.link("eth0").is_none());
+    let again = s.run("ADD", &cid, &ns.path(), "eth0").assert_ok().json();
+    assert_eq!(again["ips"], first["ips"]);
+    assert!(!host_link_exists(&veth), "the pair made ahead is left");
+    assert!(ns.link("eth0").is_none(), "eth0 made ahead is left");
+    assert_eq!(s.endpoints().len(), 1);
+    s.run("DEL", &cid, &ns.path(), "eth0").assert_ok();
+}

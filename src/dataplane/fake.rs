@@ -60,12 +60,30 @@ impl FakeNetlink {
         *self.journal.lock().unwrap() = Some(Arc::clone(journal));
     }
 
-    /// A pair's two ends: `name` here, the peer on the peer side.
-    fn insert_pair(&self, spec: &VethSpec) {
+    /// A pair's two ends: `name` here, the peer on the peer side; EEXIST
+    /// (as the kernel answers) when either name is taken.
+    fn insert_pair(&self, spec: &VethSpec) -> Result<(), DataplaneError> {
+        let taken = |side: &FakeNetlink, name: &str| {
+            side.state
+                .lock()
+                .unwrap()
+                .links
+                .iter()
+                .any(|l| l.name == name)
+        };
+        if taken(self, &spec.name)
+            || self
+                .peer
+                .as_ref()
+                .is_some_and(|p| taken(p, &spec.peer_name))
+        {
+            return Err(DataplaneError::Exists("file exists".into()));
+        }
         self.insert_link(&spec.name, spec.mac, spec.mtu);
         if let Some(peer) = &self.peer {
             peer.insert_link(&spec.peer_name, spec.peer_mac, spec.mtu);
         }
+        Ok(())
     }
 
     fn record(&self, op: String) -> Result<(), DataplaneError> {
@@ -89,7 +107,8 @@ impl FakeNetlink {
         Ok(())
     }
 
-    fn insert_link(&self, name: &str, mac: Option<MacAddr>, mtu: u32) {
+    /// A link called `name` (a leftover, or one the test puts there).
+    pub fn insert_link(&self, name: &str, mac: Option<MacAddr>, mtu: u32) {
         let mut s = self.state.lock().unwrap();
         s.next_index += 1;
         let index = s.next_index;
@@ -146,8 +165,7 @@ impl Netlink for FakeNetlink {
             "create veth {} peer {} mtu {}",
             spec.name, spec.peer_name, spec.mtu
         ))?;
-        self.insert_pair(spec);
-        Ok(())
+        self.insert_pair(spec)
     }
 
     async fn create_netkit(&self, spec: &VethSpec) -> Result<(), DataplaneError> {
@@ -162,8 +180,7 @@ impl Netlink for FakeNetlink {
                 msg: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP).to_string(),
             });
         }
-        self.insert_pair(spec);
-        Ok(())
+        self.insert_pair(spec)
     }
 
     async fn set_up(&self, index: u32) -> Result<(), DataplaneError> {

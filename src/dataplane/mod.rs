@@ -42,6 +42,16 @@ pub trait Dataplane: Send + Sync {
     /// namespace. Undone by the dataplane itself when it fails.
     async fn prepare(&self, netns: &Path, net: &Networking) -> Result<PreparedPod, DataplaneError>;
 
+    /// The pair made ahead, before the ADD knows it will need one (while
+    /// it reads the datastore), and only where neither end's name is
+    /// taken: nothing existing is ever removed. `None` when a name is
+    /// taken, on any failure (the ADD's own [`Dataplane::prepare`] then
+    /// meets and reports it) and on a dataplane that makes nothing ahead.
+    /// A pair so made that the ADD does not use is deleted by name.
+    async fn prepare_ahead(&self, _netns: &Path, _net: &Networking) -> Option<PreparedPod> {
+        None
+    }
+
     /// DoNetworking, the rest, once the addresses are known: sysctls,
     /// links up, container routes and addresses, host routes. On failure
     /// the pair is removed.

@@ -18,15 +18,13 @@
 use std::path::Path;
 
 use futures::StreamExt;
-use rtnetlink::packet_core::{
-    NLM_F_ACK, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
+use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
 use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::link::LinkAttribute;
-use rtnetlink::sys::{AsyncSocket, Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use rtnetlink::sys::{AsyncSocket, Socket, SocketAddr};
 use tokio::time::Instant;
 
-use crate::dataplane::netlink::io_error;
+use crate::dataplane::netlink::{io_error, request_acked, sync_socket};
 use crate::dataplane::netns::NetNs;
 use crate::dataplane::{CleanupOutcome, DataplaneError};
 
@@ -60,7 +58,7 @@ pub fn clean_up_namespace(
         let answered = tokio::task::spawn_blocking(move || {
             let (watch, request) = netns.run(|| {
                 let _context = runtime.enter();
-                (watch_links(), request_socket(&name))
+                (watch_links(), sync_socket(&format!("delete link {name}")))
             })?;
             // Without a watch the answer alone decides.
             let _ = watching.send(watch);
@@ -125,63 +123,26 @@ async fn unlisted(mut announcements: Announcements, ifname: &str) {
     std::future::pending().await
 }
 
-/// A synchronous netlink socket in the calling thread's namespace; it
-/// stays in that namespace whichever thread then uses it.
-fn request_socket(ifname: &str) -> Result<Socket, DataplaneError> {
-    let io = io_error(&format!("delete link {ifname}"));
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(&io)?;
-    socket.bind_auto().map_err(&io)?;
-    socket.connect(&SocketAddr::new(0, 0)).map_err(&io)?;
-    Ok(socket)
-}
-
 /// One RTM_DELLINK by name on `socket`, and the kernel's answer (the
 /// kernel does the whole deletion within the send).
 fn delete_by_name(socket: &Socket, ifname: &str) -> Result<CleanupOutcome, DataplaneError> {
     use rtnetlink::LinkUnspec;
-    let op = format!("delete link {ifname}");
-    let io = io_error(&op);
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_ACK;
-    header.sequence_number = 1;
-    let mut request = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(RouteNetlinkMessage::DelLink(
-            LinkUnspec::new_with_name(ifname).build(),
-        )),
-    );
-    request.finalize();
-    let mut bytes = vec![0u8; request.buffer_len()];
-    request.serialize(&mut bytes);
     let t = std::time::Instant::now();
-    socket.send(&bytes, 0).map_err(&io)?;
-    let mut answer = vec![0u8; 8192];
-    let n = socket.recv(&mut &mut answer[..], 0).map_err(&io)?;
+    let answer = request_acked(
+        socket,
+        RouteNetlinkMessage::DelLink(LinkUnspec::new_with_name(ifname).build()),
+        0,
+        &format!("delete link {ifname}"),
+    );
     tracing::debug!("kernel delete of {ifname} took {:?}", t.elapsed());
-    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[..n]).map_err(|e| {
-        DataplaneError::Netlink {
-            op: op.clone(),
-            errno: 0,
-            msg: format!("unreadable answer: {e}"),
+    let outcome = match answer {
+        Ok(()) => Ok(CleanupOutcome::Deleted),
+        Err(DataplaneError::Netlink { errno, .. })
+            if errno == libc::ENODEV || errno == libc::ENOENT =>
+        {
+            Ok(CleanupOutcome::LinkGone)
         }
-    })?;
-    let outcome = match reply.payload {
-        NetlinkPayload::Error(e) => match e.code.map(|c| -c.get()) {
-            None => Ok(CleanupOutcome::Deleted),
-            Some(errno) if errno == libc::ENODEV || errno == libc::ENOENT => {
-                Ok(CleanupOutcome::LinkGone)
-            }
-            Some(errno) => Err(DataplaneError::Netlink {
-                op,
-                errno,
-                msg: std::io::Error::from_raw_os_error(errno).to_string(),
-            }),
-        },
-        other => Err(DataplaneError::Netlink {
-            op,
-            errno: 0,
-            msg: format!("unexpected answer: {other:?}"),
-        }),
+        Err(e) => Err(e),
     };
     if let Err(e) = &outcome {
         // Logged here too: the caller may have gone on at the announcement.

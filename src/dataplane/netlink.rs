@@ -4,9 +4,15 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::RawFd;
+use std::sync::Arc;
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
+use rtnetlink::packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload,
+};
+use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use rtnetlink::packet_route::link::{
     InfoData, InfoKind, InfoNetkit, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
@@ -15,6 +21,7 @@ use rtnetlink::packet_route::link::{
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteVia,
 };
+use rtnetlink::sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::dataplane::{DataplaneError, MacAddr};
@@ -132,22 +139,33 @@ pub fn netkit_message(spec: &VethSpec) -> LinkMessage {
 #[derive(Clone)]
 pub struct RtNetlink {
     handle: Handle,
+    /// A synchronous socket of the same namespace for the one request
+    /// the kernel works long inside (an interface pair's creation:
+    /// 0.3-0.5 ms of its CPU within the send), sent from the blocking
+    /// pool so that the runtime's thread goes on meanwhile (the IPAM's
+    /// datastore answers wait for it otherwise). Held for the whole
+    /// request, even one whose caller gave up, so that a deletion of the
+    /// same link ([`Netlink::delete_link`]) comes after it. `None`: every
+    /// request goes through `handle`.
+    blocking: Option<Arc<tokio::sync::Mutex<Socket>>>,
+}
+
+/// The kernel's `errno` answering `op`: EEXIST is [`DataplaneError::Exists`].
+fn errno_error(op: &str, errno: i32) -> DataplaneError {
+    if errno == libc::EEXIST {
+        DataplaneError::Exists(format!("{op}: file exists"))
+    } else {
+        DataplaneError::Netlink {
+            op: op.to_string(),
+            errno,
+            msg: std::io::Error::from_raw_os_error(errno).to_string(),
+        }
+    }
 }
 
 fn nl_err(op: &str, e: rtnetlink::Error) -> DataplaneError {
     match e {
-        rtnetlink::Error::NetlinkError(msg) => {
-            let errno = -msg.raw_code();
-            if errno == libc::EEXIST {
-                DataplaneError::Exists(format!("{op}: file exists"))
-            } else {
-                DataplaneError::Netlink {
-                    op: op.to_string(),
-                    errno,
-                    msg: std::io::Error::from_raw_os_error(errno).to_string(),
-                }
-            }
-        }
+        rtnetlink::Error::NetlinkError(msg) => errno_error(op, -msg.raw_code()),
         other => DataplaneError::Netlink {
             op: op.to_string(),
             errno: 0,
@@ -224,8 +242,12 @@ impl RtNetlink {
     /// task is spawned on the current runtime.
     pub fn connect() -> Result<RtNetlink, DataplaneError> {
         let (conn, handle) = Self::socket()?;
+        let blocking = sync_socket("open netlink socket")?;
         tokio::spawn(conn);
-        Ok(RtNetlink { handle })
+        Ok(RtNetlink {
+            handle,
+            blocking: Some(Arc::new(tokio::sync::Mutex::new(blocking))),
+        })
     }
 
     /// A socket made in the calling thread's namespace, to be driven later
@@ -244,7 +266,93 @@ impl RtNetlink {
     }
 
     pub fn from_handle(handle: Handle) -> RtNetlink {
-        RtNetlink { handle }
+        RtNetlink {
+            handle,
+            blocking: None,
+        }
+    }
+
+    /// Creates a link (RTM_NEWLINK, create-exclusive) from the blocking
+    /// pool when there is a synchronous socket, else through the handle.
+    async fn create_link(&self, message: LinkMessage, op: String) -> Result<(), DataplaneError> {
+        let Some(socket) = &self.blocking else {
+            return self
+                .handle
+                .link()
+                .add(message)
+                .execute()
+                .await
+                .map_err(|e| nl_err(&op, e));
+        };
+        let socket = Arc::clone(socket).lock_owned().await;
+        let failed = op.clone();
+        tokio::task::spawn_blocking(move || {
+            request_acked(
+                &socket,
+                RouteNetlinkMessage::NewLink(message),
+                NLM_F_CREATE | NLM_F_EXCL,
+                &op,
+            )
+        })
+        .await
+        .map_err(|_| DataplaneError::Netlink {
+            op: failed,
+            errno: 0,
+            msg: "the request's thread failed".into(),
+        })?
+    }
+
+    /// Waits until no request on the synchronous socket is in flight.
+    async fn settled(&self) {
+        if let Some(socket) = &self.blocking {
+            drop(socket.lock().await);
+        }
+    }
+}
+
+/// A synchronous netlink socket in the calling thread's namespace; it
+/// stays in that namespace whichever thread then uses it.
+pub fn sync_socket(op: &str) -> Result<Socket, DataplaneError> {
+    let io = io_error(op);
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(&io)?;
+    socket.bind_auto().map_err(&io)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(&io)?;
+    Ok(socket)
+}
+
+/// Sends `message` (with `flags` besides request and acknowledgement) on
+/// the synchronous `socket` and reads the kernel's answer: `Ok`, or its
+/// errno as [`nl_err`] maps one. The kernel does the work within the send.
+pub fn request_acked(
+    socket: &Socket,
+    message: RouteNetlinkMessage,
+    flags: u16,
+    op: &str,
+) -> Result<(), DataplaneError> {
+    let io = io_error(op);
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+    header.sequence_number = 1;
+    let mut request = NetlinkMessage::new(header, NetlinkPayload::from(message));
+    request.finalize();
+    let mut bytes = vec![0u8; request.buffer_len()];
+    request.serialize(&mut bytes);
+    socket.send(&bytes, 0).map_err(&io)?;
+    let mut answer = vec![0u8; 8192];
+    let n = socket.recv(&mut &mut answer[..], 0).map_err(&io)?;
+    let unexpected = |msg: String| DataplaneError::Netlink {
+        op: op.to_string(),
+        errno: 0,
+        msg,
+    };
+    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[..n])
+        .map_err(|e| unexpected(format!("unreadable answer: {e}")))?;
+    match reply.payload {
+        NetlinkPayload::Error(e) => match e.code.map(|c| -c.get()) {
+            None => Ok(()),
+            Some(errno) => Err(errno_error(op, errno)),
+        },
+        other => Err(unexpected(format!("unexpected answer: {other:?}"))),
     }
 }
 
@@ -268,6 +376,8 @@ impl Netlink for RtNetlink {
     }
 
     async fn delete_link(&self, name: &str) -> Result<bool, DataplaneError> {
+        // A creation still in flight (its caller gone: a deadline) first.
+        self.settled().await;
         let msg = LinkUnspec::new_with_name(name).build();
         match self.handle.link().del_with_message(msg).execute().await {
             Ok(()) => Ok(true),
@@ -301,26 +411,19 @@ impl Netlink for RtNetlink {
             .append_extra_attribute(LinkAttribute::NumRxQueues(queues))
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
             .build();
-        self.handle.link().add(main).execute().await.map_err(|e| {
-            nl_err(
-                &format!("create veth {} (peer {})", spec.name, spec.peer_name),
-                e,
-            )
-        })
+        self.create_link(
+            main,
+            format!("create veth {} (peer {})", spec.name, spec.peer_name),
+        )
+        .await
     }
 
     async fn create_netkit(&self, spec: &VethSpec) -> Result<(), DataplaneError> {
-        self.handle
-            .link()
-            .add(netkit_message(spec))
-            .execute()
-            .await
-            .map_err(|e| {
-                nl_err(
-                    &format!("create netkit {} (peer {})", spec.name, spec.peer_name),
-                    e,
-                )
-            })
+        self.create_link(
+            netkit_message(spec),
+            format!("create netkit {} (peer {})", spec.name, spec.peer_name),
+        )
+        .await
     }
 
     async fn set_up(&self, index: u32) -> Result<(), DataplaneError> {

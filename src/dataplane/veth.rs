@@ -288,6 +288,21 @@ impl Dataplane for VethDataplane {
         Ok(PreparedPod::Local { pod, links })
     }
 
+    async fn prepare_ahead(&self, netns: &Path, net: &Networking) -> Option<PreparedPod> {
+        let made = async {
+            let pod = self.pod(netns)?;
+            let links = pod.prepare_if_free(net).await?;
+            Ok::<_, DataplaneError>(links.map(|links| PreparedPod::Local { pod, links }))
+        };
+        match made.await {
+            Ok(made) => made,
+            Err(e) => {
+                tracing::debug!("no interface pair made ahead: {e}");
+                None
+            }
+        }
+    }
+
     async fn finish(
         &self,
         pod: &PreparedPod,
@@ -370,16 +385,7 @@ impl PodNetwork {
                 req.ifname
             )));
         }
-        let spec = VethSpec {
-            name: req.host_veth.clone(),
-            mac: Some(MacAddr::CALICO_HOST),
-            peer_name: req.ifname.clone(),
-            peer_mac: req.container_mac,
-            peer_netns: self.pod_fd,
-            mtu: req.mtu,
-            queues: req.queues,
-        };
-        self.create_pair(req.device, &spec)
+        self.create_pair(req.device, &self.pair_spec(req))
             .await
             .map_err(|e| match e {
                 DataplaneError::Exists(_) => DataplaneError::Exists(format!(
@@ -388,6 +394,37 @@ impl PodNetwork {
                 )),
                 other => other,
             })?;
+        self.read_back(req).await
+    }
+
+    /// [`Self::prepare`] where neither name is taken, removing nothing:
+    /// `None` when the host veth or the container interface exists.
+    pub async fn prepare_if_free(
+        &self,
+        req: &Networking,
+    ) -> Result<Option<Prepared>, DataplaneError> {
+        match self.create_pair(req.device, &self.pair_spec(req)).await {
+            Ok(()) => self.read_back(req).await.map(Some),
+            Err(DataplaneError::Exists(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn pair_spec(&self, req: &Networking) -> VethSpec {
+        VethSpec {
+            name: req.host_veth.clone(),
+            mac: Some(MacAddr::CALICO_HOST),
+            peer_name: req.ifname.clone(),
+            peer_mac: req.container_mac,
+            peer_netns: self.pod_fd,
+            mtu: req.mtu,
+            queues: req.queues,
+        }
+    }
+
+    /// Both ends of the pair just made, read back (the pair is removed
+    /// if they cannot be).
+    async fn read_back(&self, req: &Networking) -> Result<Prepared, DataplaneError> {
         let read_back = async {
             let (host_link, pod_link) =
                 tokio::try_join!(self.host.link(&req.host_veth), self.pod.link(&req.ifname))?;

@@ -90,6 +90,7 @@ INSERT OR IGNORE INTO counter (id, last_revision) VALUES (1, 0);
 /// busy timeout given at open.
 pub struct LocalStore {
     conn: Arc<Mutex<Connection>>,
+    queue: Arc<Mutex<Queue>>,
     /// The WAL file, whose size tells when to checkpoint.
     wal: std::path::PathBuf,
 }
@@ -176,6 +177,7 @@ impl LocalStore {
         wal.push("-wal");
         Ok(LocalStore {
             conn: Arc::new(Mutex::new(conn)),
+            queue: Arc::default(),
             wal: wal.into(),
         })
     }
@@ -198,22 +200,70 @@ impl LocalStore {
         Ok(())
     }
 
-    /// Runs `op` on the connection on tokio's blocking pool.
+    /// Runs `op` on the connection on tokio's blocking pool. Operations
+    /// started while another is queued or running join it: one thread
+    /// takes the connection once and runs them all in order (the reads a
+    /// call makes at once cost one hand-off to the pool, not one each).
     async fn blocking<T: Send + 'static>(
         &self,
         op: impl FnOnce(&mut Connection) -> Result<T, DatastoreError> + Send + 'static,
     ) -> Result<T, DatastoreError> {
-        let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || op(&mut lock(&conn)))
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let _ = answer.send(op(conn));
+        });
+        let start = {
+            let mut queue = lock(&self.queue);
+            queue.jobs.push(job);
+            !std::mem::replace(&mut queue.draining, true)
+        };
+        if start {
+            let (conn, queue) = (Arc::clone(&self.conn), Arc::clone(&self.queue));
+            drop(tokio::task::spawn_blocking(move || drain(&conn, &queue)));
+        }
+        answered
             .await
-            .map_err(|e| DatastoreError::Other(format!("the datastore's worker failed: {e}")))?
+            .map_err(|_| DatastoreError::Other("the datastore's worker failed".into()))?
     }
 }
 
-fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+/// An operation waiting for the connection.
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// The operations waiting for the connection, and whether a thread of
+/// the blocking pool is already on its way to run them.
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<Job>,
+    draining: bool,
+}
+
+/// Runs queued operations until none is left (a panicking one answers
+/// nothing: its caller sees the worker fail).
+fn drain(conn: &Mutex<Connection>, queue: &Mutex<Queue>) {
+    let mut conn = lock(conn);
+    loop {
+        let jobs = {
+            let mut queue = lock(queue);
+            if queue.jobs.is_empty() {
+                queue.draining = false;
+                return;
+            }
+            std::mem::take(&mut queue.jobs)
+        };
+        for job in jobs {
+            let conn = &mut *conn;
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || job(conn)));
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock leaves no transaction open (rusqlite
     // rolls back on drop), so the connection stays usable.
-    conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The namespace a kind's objects are keyed by: `""` for cluster-scoped ones.
@@ -468,11 +518,12 @@ fn get(
     name: &str,
 ) -> Result<Option<Value>, DatastoreError> {
     let row = conn
-        .query_row(
+        .prepare_cached(
             "SELECT revision, value FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-            params![kind.name, namespace, name],
-            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
-        )
+        )?
+        .query_row(params![kind.name, namespace, name], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+        })
         .optional()?;
     row.map(|(revision, value)| decode(kind, namespace, name, revision, &value))
         .transpose()
@@ -493,7 +544,7 @@ fn list(
     // test is exact (no LIKE wildcards to escape).
     // A namespaced kind listed in namespace "" is listed in every one.
     let every = kind.namespaced && namespace.is_empty();
-    let mut statement = conn.prepare(
+    let mut statement = conn.prepare_cached(
         "SELECT namespace, name, revision, value FROM resources
          WHERE kind = ?1 AND (?4 OR namespace = ?2)
            AND name >= ?3 AND substr(name, 1, length(?3)) = ?3
@@ -524,20 +575,18 @@ fn list(
 }
 
 fn exists(conn: &Connection, kind: &Kind, namespace: &str, name: &str) -> rusqlite::Result<bool> {
-    conn.query_row(
+    conn.prepare_cached(
         "SELECT EXISTS (SELECT 1 FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3)",
-        params![kind.name, namespace, name],
-        |row| row.get(0),
-    )
+    )?
+    .query_row(params![kind.name, namespace, name], |row| row.get(0))
 }
 
 /// Advances the global revision counter; call only inside a write transaction.
 fn next_revision(conn: &Connection) -> rusqlite::Result<i64> {
-    conn.query_row(
+    conn.prepare_cached(
         "UPDATE counter SET last_revision = last_revision + 1 WHERE id = 1 RETURNING last_revision",
-        [],
-        |row| row.get(0),
-    )
+    )?
+    .query_row([], |row| row.get(0))
 }
 
 /// Stores `object` (replacing any row with its key) under a new revision
@@ -549,18 +598,18 @@ fn put(conn: &Connection, kind: &Kind, mut object: Value) -> Result<Value, Datas
     }
     let value = object.to_string();
     let revision = next_revision(conn)?;
-    conn.execute(
+    conn.prepare_cached(
         "INSERT OR REPLACE INTO resources (kind, namespace, name, uid, revision, value)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
-            kind.name,
-            meta_field(&object, "namespace"),
-            meta_field(&object, "name"),
-            meta_field(&object, "uid"),
-            revision,
-            value
-        ],
-    )?;
+    )?
+    .execute(params![
+        kind.name,
+        meta_field(&object, "namespace"),
+        meta_field(&object, "name"),
+        meta_field(&object, "uid"),
+        revision,
+        value
+    ])?;
     set_meta(&mut object, "resourceVersion", &revision.to_string())?;
     Ok(object)
 }
@@ -659,11 +708,12 @@ fn delete(
     let described = kind.describe(namespace, name);
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let (revision, uid) = tx
-        .query_row(
+        .prepare_cached(
             "SELECT revision, uid FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-            params![kind.name, namespace, name],
-            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
-        )
+        )?
+        .query_row(params![kind.name, namespace, name], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+        })
         .optional()?
         .ok_or_else(|| DatastoreError::NotFound(described.clone()))?;
     let stale_revision = precondition
@@ -674,10 +724,8 @@ fn delete(
     if stale_revision || other_uid {
         return Err(DatastoreError::Conflict(described));
     }
-    tx.execute(
-        "DELETE FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-        params![kind.name, namespace, name],
-    )?;
+    tx.prepare_cached("DELETE FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
+        .execute(params![kind.name, namespace, name])?;
     next_revision(&tx)?;
     tx.commit()?;
     Ok(())
@@ -728,6 +776,44 @@ mod tests {
         wep.spec.endpoint = "eth0".into();
         wep.spec.ip_networks = vec!["10.0.0.1/32".into()];
         wep
+    }
+
+    /// Operations started together share one hand-off to the blocking
+    /// pool and run in the order they were started: a read started after
+    /// a write sees it; the queue serves the next batch once one is done.
+    #[test]
+    fn operations_started_together_run_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, store) = store_in(&dir);
+        run(async {
+            let s = store.s();
+            let mut ops: Vec<std::pin::Pin<Box<dyn Future<Output = Option<String>> + '_>>> =
+                Vec::new();
+            for i in 0..10 {
+                let name = format!("wep-{i}");
+                ops.push(Box::pin(async move {
+                    s.create(&mut k8s_wep("ns", &name)).await.unwrap();
+                    None
+                }));
+                let name = format!("wep-{i}");
+                ops.push(Box::pin(async move {
+                    s.get::<WorkloadEndpoint>("ns", &name)
+                        .await
+                        .unwrap()
+                        .map(|w| w.metadata.name)
+                }));
+            }
+            let answers = futures::future::join_all(ops).await;
+            for (i, pair) in answers.chunks(2).enumerate() {
+                assert_eq!(pair[1].as_deref(), Some(format!("wep-{i}").as_str()));
+            }
+            // Later, alone: served by a new hand-off.
+            let all = s
+                .list::<WorkloadEndpoint>("ns", &ListFilter::NamePrefix(String::new()))
+                .await
+                .unwrap();
+            assert_eq!(all.len(), 10);
+        });
     }
 
     /// One short-lived process after another (each opens, writes, closes):

@@ -3,8 +3,6 @@
 //! addresses, DoNetworking, the record, the profile — every step undone
 //! ([`crate::plugin::rollback`]) if a later one fails.
 
-use std::path::Path;
-
 use ipnet::IpNet;
 use serde_json::Value;
 
@@ -17,6 +15,7 @@ use crate::datastore::model::WorkloadEndpoint;
 use crate::ipam::{Ipam, Pending};
 use crate::plugin::context::Context;
 use crate::plugin::endpoint::{endpoint_result, ensure_profile, write_record};
+use crate::plugin::pair_ahead::{PairAhead, pair_networking};
 use crate::plugin::rollback::Undo;
 use crate::plugin::workload::{AddPlan, Addresses, Plan, Workload};
 
@@ -36,17 +35,27 @@ pub async fn cmd_add(ctx: &Context, workload: &dyn Workload) -> Result<CniResult
     // plan needs no address from it (nothing happens before it reads stdin).
     let ipam = ctx.ipam().await?;
     let pending = ipam.start(Command::Add).await?;
-    match workload.plan_add(ctx, mtu).await? {
-        AddPlan::Done(result) => Ok(result),
-        AddPlan::Create(plan) => {
+    // The pod's interface pair is made while the plan reads the datastore
+    // and the IPAM allocates, where its names are free.
+    let mut ahead = PairAhead::start(ctx, mtu, device);
+    let plan = ahead.alongside(workload.plan_add(ctx, mtu)).await;
+    match plan {
+        Ok(AddPlan::Create(plan)) => {
             let mut undo = Undo::default();
-            match create_endpoint(ctx, ipam.as_ref(), *plan, device, pending, &mut undo).await {
-                Ok(result) => Ok(result),
-                Err(e) => {
-                    undo.run(ctx).await;
-                    Err(e)
-                }
+            let outcome =
+                create_endpoint(ctx, ipam.as_ref(), *plan, device, pending, ahead, &mut undo).await;
+            if outcome.is_err() {
+                undo.run(ctx).await;
             }
+            outcome
+        }
+        Ok(AddPlan::Done(result)) => {
+            ahead.discard(ctx).await;
+            Ok(result)
+        }
+        Err(e) => {
+            ahead.discard(ctx).await;
+            Err(e)
         }
     }
 }
@@ -130,14 +139,15 @@ async fn allocate(ipam: &dyn Ipam, addresses: Addresses, pending: Pending) -> Re
 }
 
 /// Creates a new endpoint from `plan`: DoNetworking (the addresses taken
-/// while the interface pair is made), the record, the profile. What is
-/// done is noted in `undo` before it is attempted.
+/// while the interface pair is made, or taken from `ahead`), the record,
+/// the profile. What is done is noted in `undo` before it is attempted.
 async fn create_endpoint(
     ctx: &Context,
     ipam: &dyn Ipam,
     plan: Plan,
     device: DeviceKind,
     pending: Pending,
+    ahead: PairAhead<'_>,
     undo: &mut Undo,
 ) -> Result<CniResult> {
     let Plan {
@@ -152,21 +162,10 @@ async fn create_endpoint(
         finalize,
         policy_wait,
     } = plan;
-    let req = &ctx.req;
     let networking = Networking {
-        ifname: req.env.ifname.clone(),
-        host_veth: host_veth.clone(),
-        ips: Vec::new(),
         routes,
-        mtu,
-        queues: req.conf.num_queues(),
-        device,
-        container_mac,
-        allow_ip_forwarding: req.conf.container_settings.allow_ip_forwarding,
-        skip_host_routes: false,
-        deadline: ctx.deadline(),
-        ipam_addresses: Vec::new(),
         workload: workload_info(&wep),
+        ..pair_networking(ctx, host_veth.clone(), mtu, device, container_mac)
     };
     // (Noted before the attempt: a deadline can cut the work short after
     // the pair exists; deleting one never made is harmless. Likewise the
@@ -184,6 +183,7 @@ async fn create_endpoint(
     let (ipam_result, ips, outcome) = do_networking(
         ctx,
         networking,
+        ahead,
         allocate(ipam, addresses, pending),
         routes_from_ipam,
     )
@@ -217,7 +217,7 @@ async fn create_endpoint(
 
     // Check that the result prints in the config's version before committing.
     let result = endpoint_result(ctx, &host_veth, &mac, &ips, Some(&ipam_result));
-    result.to_version(req.version)?;
+    result.to_version(ctx.req.version)?;
 
     // The endpoint's policy in place (Felix's status file), if asked: a
     // timeout only warns.
@@ -269,15 +269,13 @@ fn workload_info(wep: &WorkloadEndpoint) -> WorkloadInfo {
 async fn do_networking(
     ctx: &Context,
     mut networking: Networking,
+    ahead: PairAhead<'_>,
     addresses: impl std::future::Future<Output = Result<CniResult>>,
     routes_from_ipam: bool,
 ) -> Result<(CniResult, Vec<IpNet>, crate::dataplane::NetworkingOutcome)> {
     let req = &ctx.req;
     let prepare = async {
-        let prepared = ctx
-            .dataplane()
-            .prepare(Path::new(&req.env.netns), &networking)
-            .await?;
+        let prepared = ahead.take_or_prepare(ctx, &networking).await?;
         crate::fault::kill_point("veth");
         Ok::<_, Error>(prepared)
     };

@@ -20,6 +20,7 @@ pub mod del;
 pub mod endpoint;
 pub mod gc;
 pub mod journal;
+pub mod pair_ahead;
 pub mod policy_wait;
 pub mod readiness;
 pub mod release_queue;

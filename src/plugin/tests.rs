@@ -186,13 +186,13 @@ async fn add_takes_its_steps_in_order() {
     let result = node.add(CID, "eth0").await.unwrap();
     assert_eq!(result.ips[0].address.to_string(), "10.0.0.5/32");
     assert_eq!(result.interfaces[0].name, VETH);
-    // The IPAM starts first; the pair is made (a leftover of the same name
-    // removed first) while it allocates; addresses, routes, then the record.
+    // The IPAM starts first; the pair is made ahead (its names are free)
+    // while the datastore is read, before the allocation; addresses,
+    // routes, then the record.
     let steps = [
         "ipam START ADD",
-        "ipam ADD",
-        &format!("dataplane host: delete {VETH}"),
         &format!("dataplane host: create veth {VETH} peer eth0"),
+        "ipam ADD",
         "dataplane pod: route 0.0.0.0/0 via 169.254.1.1",
         "dataplane pod: addr 10.0.0.5/32",
         "dataplane host: route 10.0.0.5/32",
@@ -204,6 +204,29 @@ async fn add_takes_its_steps_in_order() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].spec.ip_networks, ["10.0.0.5/32"]);
     assert_eq!(records[0].spec.interface_name, VETH);
+}
+
+/// A leftover host veth of the pod's name is not touched ahead: the pair
+/// is then made as Calico makes it, the leftover removed first, while the
+/// IPAM allocates.
+#[tokio::test(flavor = "current_thread")]
+async fn add_replaces_a_leftover_pair_while_it_allocates() {
+    let node = Node::new();
+    node.dataplane.host().insert_link(VETH, None, 1500);
+    node.add(CID, "eth0").await.unwrap();
+    let journal = node.journal();
+    let creates: Vec<usize> = (0..journal.len())
+        .filter(|&i| journal[i].contains(&format!("create veth {VETH}")))
+        .collect();
+    assert_eq!(creates.len(), 2, "tried ahead (refused: taken), then made");
+    let at = [
+        node.at("ipam START ADD"),
+        node.at("ipam ADD"),
+        node.at(&format!("dataplane host: delete {VETH}")),
+        creates[1],
+        node.at(&format!("record create {CID}")),
+    ];
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{journal:#?}");
 }
 
 /// A failure at each step of ADD leaves nothing: no interface, no record,
