@@ -37,6 +37,7 @@ const PLUGIN_RANKS: &[(&str, u32)] = &[
     ("endpoint", 1),
     ("rollback", 1),
     ("teardown", 1),
+    ("pair_ahead", 2),
     ("workload", 2),
     ("add", 3),
     ("check", 3),
