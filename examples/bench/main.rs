@@ -475,7 +475,7 @@ fn pod_pair_deletes(n: usize, tag: &str) -> Vec<Sample> {
         for i in 0..n {
             let path = format!("/var/run/netns/{tag}-{i}");
             sh("ip", &["netns", "add", &format!("{tag}-{i}")]);
-            let pod = PodNetwork::open(Path::new(&path)).unwrap().unwrap();
+            let pod = PodNetwork::open(Path::new(&path)).await.unwrap().unwrap();
             let ip = format!("10.243.{}.{}", i / 250, i % 250 + 1);
             let req = Networking {
                 ifname: "eth0".into(),

@@ -281,17 +281,21 @@ pub struct FakeNamespaces {
 }
 
 impl Namespaces for FakeNamespaces {
-    fn open(&self, netns: &Path) -> Result<Option<PodSide>, DataplaneError> {
+    fn open(
+        &self,
+        netns: &Path,
+    ) -> futures::future::BoxFuture<'static, Result<Option<PodSide>, DataplaneError>> {
         let exists = self
             .paths
             .lock()
             .unwrap()
             .contains(&netns.display().to_string());
-        Ok(exists.then(|| PodSide {
+        let side = exists.then(|| PodSide {
             netlink: self.pod.clone(),
             sysctls: self.sysctls.clone(),
             fd: -1,
-        }))
+        });
+        Box::pin(std::future::ready(Ok(side)))
     }
 
     fn delete_link(

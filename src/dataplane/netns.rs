@@ -55,6 +55,30 @@ impl NetNs {
         self.file.as_raw_fd()
     }
 
+    /// [`Self::run`] awaited: the calling (runtime's) thread goes on while
+    /// the fresh thread enters the namespace and works.
+    pub async fn run_detached<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, DataplaneError> {
+        let path = self.path.clone();
+        let fd = self.file.try_clone().map_err(|e| {
+            DataplaneError::Netns(format!("failed to duplicate the fd of netns {path:?}: {e}"))
+        })?;
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .spawn(move || {
+                let entered = setns(&fd, CloneFlags::CLONE_NEWNET).map_err(|e| {
+                    DataplaneError::Netns(format!("failed to enter netns {path:?}: {e}"))
+                });
+                let _ = answer.send(entered.map(|()| work()));
+            })
+            .map_err(|e| DataplaneError::Netns(format!("no thread to enter the pod netns: {e}")))?;
+        answered
+            .await
+            .map_err(|_| DataplaneError::Netns("a thread inside the pod netns panicked".into()))?
+    }
+
     /// Runs `work` on a fresh thread that has entered this namespace; the
     /// thread exits when `work` returns, so no thread is ever left in it.
     pub fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> Result<T, DataplaneError> {

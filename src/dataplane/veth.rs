@@ -186,7 +186,10 @@ pub struct PodSide {
 pub trait Namespaces: Send + Sync {
     /// The pod side of the namespace at `netns`; `Ok(None)` when the path
     /// does not exist.
-    fn open(&self, netns: &Path) -> Result<Option<PodSide>, DataplaneError>;
+    fn open(
+        &self,
+        netns: &Path,
+    ) -> futures::future::BoxFuture<'static, Result<Option<PodSide>, DataplaneError>>;
 
     /// Deletes `ifname` inside the namespace at `netns` (empty: none given)
     /// by `deadline`.
@@ -203,18 +206,24 @@ pub trait Namespaces: Send + Sync {
 pub struct KernelNamespaces;
 
 impl Namespaces for KernelNamespaces {
-    fn open(&self, netns: &Path) -> Result<Option<PodSide>, DataplaneError> {
-        let Some(netns) = NetNs::open(netns)? else {
-            return Ok(None);
-        };
-        let (conn, handle) = pod_socket(&netns)?;
-        tokio::spawn(conn);
-        let fd = netns.raw_fd();
-        Ok(Some(PodSide {
-            netlink: Arc::new(RtNetlink::from_handle(handle)),
-            sysctls: Arc::new(ProcSysctls { netns }),
-            fd,
-        }))
+    fn open(
+        &self,
+        netns: &Path,
+    ) -> futures::future::BoxFuture<'static, Result<Option<PodSide>, DataplaneError>> {
+        let opened = NetNs::open(netns);
+        Box::pin(async move {
+            let Some(netns) = opened? else {
+                return Ok(None);
+            };
+            let (conn, handle) = pod_socket(&netns).await?;
+            tokio::spawn(conn);
+            let fd = netns.raw_fd();
+            Ok(Some(PodSide {
+                netlink: Arc::new(RtNetlink::from_handle(handle)),
+                sysctls: Arc::new(ProcSysctls { netns }),
+                fd,
+            }))
+        })
     }
 
     fn delete_link(
@@ -264,8 +273,8 @@ impl VethDataplane {
     }
 
     /// The pod at `netns`, with this call's host socket.
-    fn pod(&self, netns: &Path) -> Result<PodNetwork, DataplaneError> {
-        let side = self.namespaces.open(netns)?.ok_or_else(|| {
+    async fn pod(&self, netns: &Path) -> Result<PodNetwork, DataplaneError> {
+        let side = self.namespaces.open(netns).await?.ok_or_else(|| {
             DataplaneError::Netns(format!(
                 "failed to Statfs {:?}: no such file or directory",
                 netns.display().to_string()
@@ -283,14 +292,14 @@ impl VethDataplane {
 #[async_trait::async_trait]
 impl Dataplane for VethDataplane {
     async fn prepare(&self, netns: &Path, net: &Networking) -> Result<PreparedPod, DataplaneError> {
-        let pod = self.pod(netns)?;
+        let pod = self.pod(netns).await?;
         let links = pod.prepare(net).await?;
         Ok(PreparedPod::Local { pod, links })
     }
 
     async fn prepare_ahead(&self, netns: &Path, net: &Networking) -> Option<PreparedPod> {
         let made = async {
-            let pod = self.pod(netns)?;
+            let pod = self.pod(netns).await?;
             let links = pod.prepare_if_free(net).await?;
             Ok::<_, DataplaneError>(links.map(|links| PreparedPod::Local { pod, links }))
         };
@@ -322,7 +331,7 @@ impl Dataplane for VethDataplane {
         expected: &Networking,
         expected_mac: Option<MacAddr>,
     ) -> Result<(), DataplaneError> {
-        let pod = self.namespaces.open(netns)?.ok_or_else(|| {
+        let pod = self.namespaces.open(netns).await?.ok_or_else(|| {
             DataplaneError::Check(format!("netns {} does not exist", netns.display()))
         })?;
         let pod = PodNetwork {
@@ -351,8 +360,8 @@ impl Dataplane for VethDataplane {
 impl PodNetwork {
     /// Opens the pod netns and two netlink sockets of its own (one in the
     /// host netns). `Ok(None)` when the netns path does not exist.
-    pub fn open(netns_path: &Path) -> Result<Option<PodNetwork>, DataplaneError> {
-        let Some(side) = KernelNamespaces.open(netns_path)? else {
+    pub async fn open(netns_path: &Path) -> Result<Option<PodNetwork>, DataplaneError> {
+        let Some(side) = KernelNamespaces.open(netns_path).await? else {
             return Ok(None);
         };
         Ok(Some(PodNetwork {
@@ -694,10 +703,11 @@ impl PodNetwork {
     }
 }
 
-/// A netlink socket inside `netns`, made on a one-shot thread. The thread
-/// enters the runtime's context only to register the socket with its I/O
-/// driver; the connection is then driven on the runtime's own thread.
-fn pod_socket(
+/// A netlink socket inside `netns`, made on a one-shot thread while the
+/// runtime's thread goes on. The thread enters the runtime's context only
+/// to register the socket with its I/O driver; the connection is then
+/// driven on the runtime's own thread.
+async fn pod_socket(
     netns: &NetNs,
 ) -> Result<
     (
@@ -707,8 +717,10 @@ fn pod_socket(
     DataplaneError,
 > {
     let runtime = tokio::runtime::Handle::current();
-    netns.run(move || {
-        let _context = runtime.enter();
-        RtNetlink::socket()
-    })?
+    netns
+        .run_detached(move || {
+            let _context = runtime.enter();
+            RtNetlink::socket()
+        })
+        .await?
 }
