@@ -24,7 +24,7 @@ use rtnetlink::packet_route::link::LinkAttribute;
 use rtnetlink::sys::{AsyncSocket, Socket, SocketAddr};
 use tokio::time::Instant;
 
-use crate::dataplane::netlink::{io_error, request_acked, sync_socket};
+use crate::dataplane::netlink::{io_error, is_not_found, request_acked, sync_socket};
 use crate::dataplane::netns::NetNs;
 use crate::dataplane::{CleanupOutcome, DataplaneError};
 
@@ -137,11 +137,7 @@ fn delete_by_name(socket: &Socket, ifname: &str) -> Result<CleanupOutcome, Datap
     tracing::debug!("kernel delete of {ifname} took {:?}", t.elapsed());
     let outcome = match answer {
         Ok(()) => Ok(CleanupOutcome::Deleted),
-        Err(DataplaneError::Netlink { errno, .. })
-            if errno == libc::ENODEV || errno == libc::ENOENT =>
-        {
-            Ok(CleanupOutcome::LinkGone)
-        }
+        Err(e) if is_not_found(&e) => Ok(CleanupOutcome::LinkGone),
         Err(e) => Err(e),
     };
     if let Err(e) = &outcome {

@@ -174,7 +174,8 @@ fn nl_err(op: &str, e: rtnetlink::Error) -> DataplaneError {
     }
 }
 
-fn is_not_found(e: &DataplaneError) -> bool {
+/// The kernel's answer that a link or address is not there.
+pub fn is_not_found(e: &DataplaneError) -> bool {
     matches!(e, DataplaneError::Netlink { errno, .. } if *errno == libc::ENODEV || *errno == libc::ENOENT)
 }
 

@@ -3,7 +3,7 @@
 //! changes namespace; a thread that entered a pod namespace exits afterwards.
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use nix::sched::{CloneFlags, setns};
@@ -68,10 +68,7 @@ impl NetNs {
         let (answer, answered) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .spawn(move || {
-                let entered = setns(&fd, CloneFlags::CLONE_NEWNET).map_err(|e| {
-                    DataplaneError::Netns(format!("failed to enter netns {path:?}: {e}"))
-                });
-                let _ = answer.send(entered.map(|()| work()));
+                let _ = answer.send(enter(fd.as_fd(), &path).map(|()| work()));
             })
             .map_err(|e| DataplaneError::Netns(format!("no thread to enter the pod netns: {e}")))?;
         answered
@@ -86,9 +83,7 @@ impl NetNs {
         std::thread::scope(|scope| {
             scope
                 .spawn(move || {
-                    setns(fd, CloneFlags::CLONE_NEWNET).map_err(|e| {
-                        DataplaneError::Netns(format!("failed to enter netns {:?}: {e}", self.path))
-                    })?;
+                    enter(fd, &self.path)?;
                     Ok(work())
                 })
                 .join()
@@ -97,4 +92,10 @@ impl NetNs {
                 })?
         })
     }
+}
+
+/// Moves the calling thread into the network namespace `fd` (at `path`).
+fn enter(fd: BorrowedFd<'_>, path: &Path) -> Result<(), DataplaneError> {
+    setns(fd, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| DataplaneError::Netns(format!("failed to enter netns {path:?}: {e}")))
 }
