@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates link/symbol-order.txt: the functions that plain-CNI ADD, CHECK,
 # DEL (netns present and gone), STATUS, VERSION and an error answer execute,
-# at the default and the debug log level. build.rs hands the file to lld
+# at the default and the debug log level, with host-local and with
+# calico-ipam in process (on a pool in the embedded store). build.rs hands the file to lld
 # (--symbol-ordering-file), which places those functions together at the
 # start of .text.
 #
@@ -32,21 +33,25 @@ bin=$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/calico
 order=link/symbol-order.txt
 
 # One invocation, run by WRAPPER... (valgrind, or nothing); stdout to $work/out.
+# ($work/bin/calico-ipam is a link to $bin: calico-ipam runs in process.)
 cni() { # verb netns stdin wrapper...
   CNI_COMMAND=$1 CNI_CONTAINERID=symorder CNI_NETNS=$2 CNI_IFNAME=eth0 \
-    CNI_PATH=/usr/lib/cni "${@:4}" "$bin" <<<"$3" >"$work/out" 2>/dev/null || true
+    CNI_PATH=$work/bin:/usr/lib/cni "${@:4}" "$bin" <<<"$3" >"$work/out" 2>/dev/null || true
 }
 
-# Each round: every invocation at the default and at the debug log level.
+# Each round: every invocation at the default and at the debug log level,
+# with host-local and with calico-ipam.
 workloads() { # rounds wrapper...
-  local rounds=$1 result conf level
+  local rounds=$1 result conf level ipam
   shift
   for _ in $(seq "$rounds"); do
     for level in info debug; do
+     for ipam in '{"type":"host-local","subnet":"10.250.0.0/24","dataDir":"'$work'/ipam"}' \
+       '{"type":"calico-ipam"}'; do
       conf='{"cniVersion":"1.0.0","name":"symorder","type":"calico","nodename":"n1",
        "log_level":"'$level'","log_file_path":"'$work'/cni.log",
        "local_datastore_path":"'$work'/store.db","mtu_file":"'$work'/mtu",
-       "ipam":{"type":"host-local","subnet":"10.250.0.0/24","dataDir":"'$work'/ipam"}}'
+       "ipam_lock_file":"'$work'/ipam.lock","ipam":'$ipam'}'
       ip netns add "$ns"
       cni VERSION "" "$conf" "$@"
       cni ADD "/var/run/netns/$ns" "$conf" "$@"
@@ -58,6 +63,7 @@ workloads() { # rounds wrapper...
       ip netns del "$ns"
       cni DEL "/var/run/netns/$ns" "$conf" "$@"
       cni ADD "/var/run/netns/$ns" '{"cniVersion": "1.0.0", "name":' "$@"
+     done
     done
   done
 }
@@ -81,6 +87,12 @@ trap cleanup EXIT
 mkdir -p link
 
 build
+# calico-ipam's pool, in the store every workload uses.
+mkdir -p "$work/bin"
+ln -s "$(realpath "$bin")" "$work/bin/calico-ipam"
+echo '{"name":"symorder","cniVersion":"1.0.0","plugins":[{"type":"calico",
+  "local_datastore_path":"'$work'/store.db"}]}' >"$work/pool.conflist"
+"$bin" ipam pool add symorder 10.251.0.0/16 --config "$work/pool.conflist" >/dev/null
 n=0
 grind() { n=$((n + 1)); valgrind -q --tool=callgrind --demangle=no --callgrind-out-file="$work/cg.$n" "$@"; }
 workloads 1 grind

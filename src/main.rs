@@ -1,5 +1,14 @@
 //! The `calico` executable (also `calico-ipam` by name): collects argv, the
 //! environment and stdin, runs one invocation and prints its outcome once.
+//!
+//! `main` is the C entry point (`no_main`): std's runtime start-up is left
+//! out, and what of it a one-shot plugin needs is done here. Left out are
+//! its stack-overflow guard, which reads /proc/self/maps to find the main
+//! thread's stack and gives the main thread and every thread the call
+//! spawns an alternate signal stack of its own (a mapping made and unmapped
+//! per thread), all before the first byte of stdin is read; an overflow is
+//! then a plain SIGSEGV.
+#![no_main]
 
 use std::io::Write;
 
@@ -14,14 +23,39 @@ fn print(exit: &Exit) {
     let _ = std::io::stderr().write_all(exit.stderr.as_bytes());
 }
 
-fn main() {
-    // One malloc arena: the call's few threads (blocking pool, netns) run
-    // one after another, and each thread's own arena costs a 64 MB mapping
-    // grown page by page (≈60 page faults a call).
-    // SAFETY: mallopt only tunes glibc's allocator, before any thread starts.
+/// What std's start-up does that this process relies on: a write to a
+/// closed pipe fails with EPIPE rather than killing the process, and file
+/// descriptors 0-2 are open (else the first file opened, the datastore's,
+/// would become stdout and the result be written into it).
+fn start_up() {
+    // SAFETY: plain libc calls on this process's own signal disposition and
+    // descriptors, before any other thread exists.
     unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
+            fd,
+            events: 0,
+            revents: 0,
+        });
+        if libc::poll(fds.as_mut_ptr(), 3, 0) > 0 {
+            for fd in fds.iter().filter(|f| f.revents & libc::POLLNVAL != 0) {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if null >= 0 && null != fd.fd {
+                    libc::dup2(null, fd.fd);
+                    libc::close(null);
+                }
+            }
+        }
+        // One malloc arena: the call's few threads (blocking pool, netns)
+        // run one after another, and each thread's own arena costs a 64 MB
+        // mapping grown page by page (≈60 page faults a call).
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    start_up();
     // A panic is a bug, but the runtime still gets a CNI error on stdout,
     // never a bare backtrace (release builds abort on panic, so the answer
     // is given here, before that).
@@ -31,7 +65,8 @@ fn main() {
         print(&Exit::error(&err, CURRENT));
         std::process::exit(1);
     }));
-    // Neither argv nor the environment is trusted to be UTF-8.
+    // Neither argv nor the environment is trusted to be UTF-8. (std has
+    // argv from glibc's start-up even without its own.)
     let args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();

@@ -582,11 +582,14 @@ fn exists(conn: &Connection, kind: &Kind, namespace: &str, name: &str) -> rusqli
 }
 
 /// Advances the global revision counter; call only inside a write transaction.
+/// Two statements, not one with RETURNING: SQLite answers RETURNING from an
+/// ephemeral table, a b-tree with a page cache of its own that every call
+/// sets up (touching fresh memory) and tears down.
 fn next_revision(conn: &Connection) -> rusqlite::Result<i64> {
-    conn.prepare_cached(
-        "UPDATE counter SET last_revision = last_revision + 1 WHERE id = 1 RETURNING last_revision",
-    )?
-    .query_row([], |row| row.get(0))
+    conn.prepare_cached("UPDATE counter SET last_revision = last_revision + 1 WHERE id = 1")?
+        .execute([])?;
+    conn.prepare_cached("SELECT last_revision FROM counter WHERE id = 1")?
+        .query_row([], |row| row.get(0))
 }
 
 /// Stores `object` (replacing any row with its key) under a new revision
