@@ -2,7 +2,9 @@
 # Regenerates link/symbol-order.txt: the functions that plain-CNI ADD, CHECK,
 # DEL (netns present and gone), STATUS, VERSION and an error answer execute,
 # at the default and the debug log level, with host-local and with
-# calico-ipam in process (on a pool in the embedded store). build.rs hands the file to lld
+# calico-ipam in process (on a pool in the embedded store); and, when the
+# test bed is up (`eval "$(bash scripts/testbed.sh env)"`), the Kubernetes and
+# etcd paths too: the bench's datastore rows for our binary, small. build.rs hands the file to lld
 # (--symbol-ordering-file), which places those functions together at the
 # start of .text.
 #
@@ -68,9 +70,20 @@ workloads() { # rounds wrapper...
   done
 }
 
+# The Kubernetes and etcd paths, with the test bed up: the bench's datastore
+# rows for our binary (CALICO_BIN: $bin, or $1/calico, a wrapper), 2 pods a
+# row and a burst of 2. The bench's plain rows run too (on $bin), briefly.
+remote() { # [wrapper-dir]
+  [ -n "${TESTBED_API:-}" ] || return 0
+  CALICO_BIN=${1:-$(dirname "$bin")}/calico "$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/examples/bench" \
+    --n 2 --conc 1 --datastores 2,2 --only ours >"$work/bench.out" 2>&1 ||
+    { echo "the bench's datastore rows failed:" >&2; tail -20 "$work/bench.out" >&2; exit 1; }
+}
+
 # The fault passes run the workloads in a child under one perf session.
 if [ "${1:-}" = --workloads ]; then
   workloads "$2"
+  remote
   exit
 fi
 
@@ -79,6 +92,11 @@ for pkg in valgrind jq linux-perf; do
   dpkg -s "$pkg" >/dev/null 2>&1 || apt-get install -y -qq "$pkg" >/dev/null
 done
 build() { CALICO_LINK_KEEP_SYMBOLS=1 cargo build --locked --release --bin calico; }
+if [ -n "${TESTBED_API:-}" ]; then
+  CALICO_LINK_KEEP_SYMBOLS=1 cargo build --locked --release --example bench
+else
+  echo "no test bed: the Kubernetes and etcd paths are left out" >&2
+fi
 
 export work ns=symorder$$
 work=$(mktemp -d)
@@ -96,6 +114,16 @@ echo '{"name":"symorder","cniVersion":"1.0.0","plugins":[{"type":"calico",
 n=0
 grind() { n=$((n + 1)); valgrind -q --tool=callgrind --demangle=no --callgrind-out-file="$work/cg.$n" "$@"; }
 workloads 1 grind
+# The remote paths under callgrind: a wrapper named calico runs the binary
+# under the name it was called by (the bench links calico-ipam to it), so
+# calico-ipam runs as its own process here, in process in the fault passes.
+mkdir -p "$work/grind" "$work/real"
+ln -s "$(realpath "$bin")" "$work/real/calico"
+ln -s "$(realpath "$bin")" "$work/real/calico-ipam"
+printf '#!/bin/sh\nexec valgrind -q --tool=callgrind --demangle=no --callgrind-out-file=%s/cg.remote.%%p %s/real/"$(basename "$0")" "$@"\n' \
+  "$work" "$work" >"$work/grind/calico"
+chmod +x "$work/grind/calico"
+remote "$work/grind"
 # callgrind names a function once per file as "fn=(id) name" (or cfn= when
 # first seen as a callee); "'N" marks recursion depth.
 cat "$work"/cg.* | grep -oE '^c?fn=\([0-9]+\) .*' | sed -E "s/^c?fn=\([0-9]+\) //; s/'[0-9]+\$//" |
