@@ -36,9 +36,13 @@ order=link/symbol-order.txt
 
 # One invocation, run by WRAPPER... (valgrind, or nothing); stdout to $work/out.
 # ($work/bin/calico-ipam is a link to $bin: calico-ipam runs in process.)
+# (The test bed's environment names its datastores: not for these calls.)
 cni() { # verb netns stdin wrapper...
-  CNI_COMMAND=$1 CNI_CONTAINERID=symorder CNI_NETNS=$2 CNI_IFNAME=eth0 \
-    CNI_PATH=$work/bin:/usr/lib/cni "${@:4}" "$bin" <<<"$3" >"$work/out" 2>/dev/null || true
+  (
+    unset DATASTORE_TYPE ETCD_ENDPOINTS KUBECONFIG
+    CNI_COMMAND=$1 CNI_CONTAINERID=symorder CNI_NETNS=$2 CNI_IFNAME=eth0 \
+      CNI_PATH=$work/bin:/usr/lib/cni "${@:4}" "$bin" <<<"$3" >"$work/out" 2>/dev/null || true
+  )
 }
 
 # Each round: every invocation at the default and at the debug log level,
@@ -58,7 +62,7 @@ workloads() { # rounds wrapper...
       cni VERSION "" "$conf" "$@"
       cni ADD "/var/run/netns/$ns" "$conf" "$@"
       result=$(cat "$work/out")
-      jq -e '.ips[0]' <<<"$result" >/dev/null || { echo "profiled ADD failed: $result" >&2; exit 1; }
+      jq -en --argjson r "$result" '$r.ips[0]' >/dev/null 2>&1 || { echo "profiled ADD failed: $result" >&2; exit 1; }
       cni CHECK "/var/run/netns/$ns" "$(jq --argjson r "$result" '. + {prevResult: $r}' <<<"$conf")" "$@"
       cni STATUS "" "$(jq '.cniVersion = "1.1.0"' <<<"$conf")" "$@"
       cni DEL "/var/run/netns/$ns" "$conf" "$@"
@@ -75,7 +79,7 @@ workloads() { # rounds wrapper...
 # row and a burst of 2. The bench's plain rows run too (on $bin), briefly.
 remote() { # [wrapper-dir]
   [ -n "${TESTBED_API:-}" ] || return 0
-  CALICO_BIN=${1:-$(dirname "$bin")}/calico "$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/examples/bench" \
+  CALICO_BIN=$(realpath "${1:-$(dirname "$bin")}")/calico "$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/examples/bench" \
     --n 2 --conc 1 --datastores 2,2 --only ours >"$work/bench.out" 2>&1 ||
     { echo "the bench's datastore rows failed:" >&2; tail -20 "$work/bench.out" >&2; exit 1; }
 }
@@ -110,9 +114,13 @@ mkdir -p "$work/bin"
 ln -s "$(realpath "$bin")" "$work/bin/calico-ipam"
 echo '{"name":"symorder","cniVersion":"1.0.0","plugins":[{"type":"calico",
   "local_datastore_path":"'$work'/store.db"}]}' >"$work/pool.conflist"
-"$bin" ipam pool add symorder 10.251.0.0/16 --config "$work/pool.conflist" >/dev/null
-n=0
-grind() { n=$((n + 1)); valgrind -q --tool=callgrind --demangle=no --callgrind-out-file="$work/cg.$n" "$@"; }
+(unset DATASTORE_TYPE ETCD_ENDPOINTS KUBECONFIG
+  "$bin" ipam pool add symorder 10.251.0.0/16 --config "$work/pool.conflist" >/dev/null)
+# SYMBOL_ORDER_FAULT_PASSES_ONLY=1: keep the callgrind list the order file
+# already has and run the fault passes only.
+if [ -z "${SYMBOL_ORDER_FAULT_PASSES_ONLY:-}" ]; then
+# (%p: each call runs in a subshell of its own.)
+grind() { valgrind -q --tool=callgrind --demangle=no --callgrind-out-file="$work/cg.%p" "$@"; }
 workloads 1 grind
 # The remote paths under callgrind: a wrapper named calico runs the binary
 # under the name it was called by (the bench links calico-ipam to it), so
@@ -129,6 +137,7 @@ remote "$work/grind"
 cat "$work"/cg.* | grep -oE '^c?fn=\([0-9]+\) .*' | sed -E "s/^c?fn=\([0-9]+\) //; s/'[0-9]+\$//" |
   awk '!seen[$0]++ && $0 !~ /^[(]|^0x/' >"$order"
 echo "callgrind: $(wc -l <"$order") functions"
+fi
 
 if [ "$(perf list 2>/dev/null | grep -c 'exceptions:page_fault_user')" = 0 ]; then
   echo "perf's page-fault tracepoint is not available: fault passes skipped" >&2
