@@ -819,6 +819,37 @@ mod tests {
         });
     }
 
+    /// `.cargo/config.toml` builds the bundled SQLite for the store: the
+    /// modules every connection would register at open left out, the page
+    /// cache's bulk allocation and the memory statistics off.
+    #[test]
+    fn sqlite_is_built_for_the_store() {
+        let conn = Connection::open_in_memory().unwrap();
+        let options: Vec<String> = conn
+            .prepare("PRAGMA compile_options")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for left_out in [
+            "ENABLE_FTS3",
+            "ENABLE_FTS5",
+            "ENABLE_RTREE",
+            "ENABLE_DBSTAT_VTAB",
+            "ENABLE_STAT4",
+            "SOUNDEX",
+        ] {
+            assert!(
+                !options.iter().any(|o| o == left_out),
+                "{left_out} in {options:?}"
+            );
+        }
+        for set in ["DEFAULT_PCACHE_INITSZ=0", "DEFAULT_MEMSTATUS=0"] {
+            assert!(options.iter().any(|o| o == set), "{set} not in {options:?}");
+        }
+    }
+
     /// One short-lived process after another (each opens, writes, closes):
     /// the WAL stays short, everything written survives, and the file
     /// never needs more than the occasional checkpoint.
