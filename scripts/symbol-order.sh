@@ -3,10 +3,10 @@
 # DEL (netns present and gone), STATUS, VERSION and an error answer execute,
 # at the default and the debug log level, with host-local and with
 # calico-ipam in process (on a pool in the embedded store); and, when the
-# test bed is up (`eval "$(bash scripts/testbed.sh env)"`), the Kubernetes and
-# etcd paths too: the bench's datastore rows for our binary, small. build.rs hands the file to lld
-# (--symbol-ordering-file), which places those functions together at the
-# start of .text.
+# test bed is up (`eval "$(bash scripts/testbed.sh env)"`), the Kubernetes
+# and etcd paths too: the bench's datastore rows for our binary, small.
+# build.rs hands the file to lld (--symbol-ordering-file), which places
+# those functions together at the start of .text.
 #
 # Why: the kernel maps 64 KiB around every page fault in a file mapping, so
 # when the ~1.2 MB of code an invocation runs is scattered over 5 MB of text,
@@ -26,7 +26,8 @@
 # the linker and the benefit fades (scripts/check-symbol-order.sh fails past
 # 3% missing names; the smoke bench, when peak RSS passes ptp's). Needs
 # root (network namespaces), valgrind, jq, Debian's containernetworking-plugins
-# and, for the fault passes, perf (linux-perf). Takes about 10 minutes.
+# and, for the fault passes, perf (linux-perf). Takes about 13 minutes, 17
+# with the test bed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
