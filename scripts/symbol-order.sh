@@ -120,24 +120,24 @@ echo '{"name":"symorder","cniVersion":"1.0.0","plugins":[{"type":"calico",
 # SYMBOL_ORDER_FAULT_PASSES_ONLY=1: keep the callgrind list the order file
 # already has and run the fault passes only.
 if [ -z "${SYMBOL_ORDER_FAULT_PASSES_ONLY:-}" ]; then
-# (%p: each call runs in a subshell of its own.)
-grind() { valgrind -q --tool=callgrind --demangle=no --callgrind-out-file="$work/cg.%p" "$@"; }
-workloads 1 grind
-# The remote paths under callgrind: a wrapper named calico runs the binary
-# under the name it was called by (the bench links calico-ipam to it), so
-# calico-ipam runs as its own process here, in process in the fault passes.
-mkdir -p "$work/grind" "$work/real"
-ln -s "$(realpath "$bin")" "$work/real/calico"
-ln -s "$(realpath "$bin")" "$work/real/calico-ipam"
-printf '#!/bin/sh\nexec valgrind -q --tool=callgrind --demangle=no --callgrind-out-file=%s/cg.remote.%%p %s/real/"$(basename "$0")" "$@"\n' \
-  "$work" "$work" >"$work/grind/calico"
-chmod +x "$work/grind/calico"
-remote "$work/grind"
-# callgrind names a function once per file as "fn=(id) name" (or cfn= when
-# first seen as a callee); "'N" marks recursion depth.
-cat "$work"/cg.* | grep -oE '^c?fn=\([0-9]+\) .*' | sed -E "s/^c?fn=\([0-9]+\) //; s/'[0-9]+\$//" |
-  awk '!seen[$0]++ && $0 !~ /^[(]|^0x/' >"$order"
-echo "callgrind: $(wc -l <"$order") functions"
+  # (%p: each call runs in a subshell of its own.)
+  grind() { valgrind -q --tool=callgrind --demangle=no --callgrind-out-file="$work/cg.%p" "$@"; }
+  workloads 1 grind
+  # The remote paths under callgrind: a wrapper named calico runs the binary
+  # under the name it was called by (the bench links calico-ipam to it), so
+  # calico-ipam runs as its own process here, in process in the fault passes.
+  mkdir -p "$work/grind" "$work/real"
+  ln -s "$(realpath "$bin")" "$work/real/calico"
+  ln -s "$(realpath "$bin")" "$work/real/calico-ipam"
+  printf '#!/bin/sh\nexec valgrind -q --tool=callgrind --demangle=no --callgrind-out-file=%s/cg.remote.%%p %s/real/"$(basename "$0")" "$@"\n' \
+    "$work" "$work" >"$work/grind/calico"
+  chmod +x "$work/grind/calico"
+  remote "$work/grind"
+  # callgrind names a function once per file as "fn=(id) name" (or cfn= when
+  # first seen as a callee); "'N" marks recursion depth.
+  cat "$work"/cg.* | grep -oE '^c?fn=\([0-9]+\) .*' | sed -E "s/^c?fn=\([0-9]+\) //; s/'[0-9]+\$//" |
+    awk '!seen[$0]++ && $0 !~ /^[(]|^0x/' >"$order"
+  echo "callgrind: $(wc -l <"$order") functions"
 fi
 
 if [ "$(perf list 2>/dev/null | grep -c 'exceptions:page_fault_user')" = 0 ]; then
