@@ -161,6 +161,34 @@ fn ipv4_pod_is_laid_out_like_calico() {
     assert!(s.endpoints().is_empty());
 }
 
+/// The pod's `net.ipv4.ip_forward` follows `allow_ip_forwarding`, both
+/// ways, written in the pod's namespace and nowhere else (the file is
+/// opened with the pod's netlink socket and written later from another
+/// thread): each pod's starts at the opposite value.
+#[test]
+fn pod_ip_forward_follows_allow_ip_forwarding_in_the_pod_only() {
+    if !root_or_skip("pod_ip_forward_follows_allow_ip_forwarding_in_the_pod_only") {
+        return;
+    }
+    let host_before = host_sysctl("net/ipv4/ip_forward");
+    for (allow, start, want) in [(true, "0", "1"), (false, "1", "0")] {
+        let s = Setup::new("1.0.0", false);
+        let mut conf = s.conf.clone();
+        conf["container_settings"] = json!({"allow_ip_forwarding": allow});
+        let ns = Netns::new();
+        let out = ns.exec(&["sysctl", "-qw", &format!("net.ipv4.ip_forward={start}")]);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(ns.sysctl("net/ipv4/ip_forward"), start);
+        let cid = container_id();
+        s.run_with("ADD", &cid, &ns.path(), "eth0", &conf, &[])
+            .assert_ok();
+        assert_eq!(ns.sysctl("net/ipv4/ip_forward"), want, "allow {allow}");
+        assert_eq!(host_sysctl("net/ipv4/ip_forward"), host_before);
+        s.run_with("DEL", &cid, &ns.path(), "eth0", &conf, &[])
+            .assert_ok();
+    }
+}
+
 #[test]
 fn dual_stack_pod_has_ipv6_default_via_link_local_and_nothing_tentative() {
     if !root_or_skip("dual_stack_pod") {

@@ -98,6 +98,21 @@ pub enum PreparedPod {
     Remote { netns: PathBuf },
 }
 
+impl PreparedPod {
+    /// What `finish` will answer when it succeeds, where that is known
+    /// before it runs (the local layout: the pair is made); `None` for a
+    /// remote dataplane, which names the interface itself.
+    pub fn outcome_ahead(&self) -> Option<NetworkingOutcome> {
+        match self {
+            PreparedPod::Local { links, .. } => Some(NetworkingOutcome {
+                container_mac: links.container_mac,
+                host_interface: None,
+            }),
+            PreparedPod::Remote { .. } => None,
+        }
+    }
+}
+
 /// The dataplane of one call, as `dataplane_options` chooses it: the
 /// gRPC dataplane for `type: "grpc"`, else the local layout on this
 /// kernel. (A `type` of any other value is refused by ADD's config check;

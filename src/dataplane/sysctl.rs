@@ -1,7 +1,9 @@
 //! Calico's sysctls (calico-behaviour.md §7.2): which keys, with which values, on which side.
 //! Values are written as the bare digit, no newline, like Calico.
 
+use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 
 use crate::dataplane::DataplaneError;
 
@@ -71,6 +73,52 @@ pub fn container_side(
     out
 }
 
+/// The pod-side sysctl every IPv4 pod gets, opened with the pod's netlink
+/// socket (see [`Opened`]).
+pub const OPENED_WITH_POD_SOCKET: &[&str] = &["net/ipv4/ip_forward"];
+
+/// Sysctl files opened ahead inside a namespace. A `/proc/sys/net` file
+/// belongs to the namespace of the thread that opened it, so writes to it
+/// go there from any thread: a pod's sysctls opened by the thread that
+/// makes its netlink socket need no second thread inside the pod netns.
+#[derive(Debug, Default)]
+pub struct Opened(Vec<(&'static str, File)>);
+
+impl Opened {
+    /// Opens `keys` for writing in the calling thread's namespace; a key
+    /// that cannot be opened is left to [`apply`] (which reports why).
+    pub fn open(keys: &[&'static str]) -> Opened {
+        Opened(
+            keys.iter()
+                .filter_map(|&key| {
+                    let file = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(format!("/proc/sys/{key}"))
+                        .ok()?;
+                    Some((key, file))
+                })
+                .collect(),
+        )
+    }
+
+    fn file(&self, key: &str) -> Option<&File> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, f)| f)
+    }
+}
+
+/// Writes the sysctls `opened` holds files for; returns the others, for
+/// [`apply`] in their namespace.
+pub fn apply_opened(sysctls: &[Sysctl], opened: &Opened) -> Result<Vec<Sysctl>, DataplaneError> {
+    let mut rest = Vec::new();
+    for s in sysctls {
+        match opened.file(&s.key) {
+            Some(file) => outcome(s, file.write_all_at(s.value.as_bytes(), 0))?,
+            None => rest.push(s.clone()),
+        }
+    }
+    Ok(rest)
+}
+
 /// Writes sysctls in the calling thread's network namespace.
 pub fn apply(sysctls: &[Sysctl]) -> Result<(), DataplaneError> {
     for s in sysctls {
@@ -79,21 +127,26 @@ pub fn apply(sysctls: &[Sysctl]) -> Result<(), DataplaneError> {
             .write(true)
             .open(&path)
             .and_then(|mut f| f.write_all(s.value.as_bytes()));
-        match result {
-            Ok(()) => {}
-            Err(e) if !s.required => {
-                tracing::warn!("failed to set {}={}: {e}", s.key.replace('/', "."), s.value);
-            }
-            Err(e) => {
-                return Err(DataplaneError::Sysctl(format!(
-                    "failed to set {}={}: {e}",
-                    s.key.replace('/', "."),
-                    s.value
-                )));
-            }
-        }
+        outcome(s, result)?;
     }
     Ok(())
+}
+
+/// A write's result as the ADD sees it: a failure of a required sysctl is
+/// its error, another's only logged.
+fn outcome(s: &Sysctl, result: std::io::Result<()>) -> Result<(), DataplaneError> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) if !s.required => {
+            tracing::warn!("failed to set {}={}: {e}", s.key.replace('/', "."), s.value);
+            Ok(())
+        }
+        Err(e) => Err(DataplaneError::Sysctl(format!(
+            "failed to set {}={}: {e}",
+            s.key.replace('/', "."),
+            s.value
+        ))),
+    }
 }
 
 /// Reads one sysctl in the calling thread's namespace (for CHECK and tests).

@@ -38,10 +38,12 @@ pub trait SysctlWriter: Send + Sync {
     fn pod(&self, sysctls: &[Sysctl]) -> Result<(), DataplaneError>;
 }
 
-/// Host sysctls on the calling (host) thread, pod sysctls on a one-shot
-/// thread inside the pod netns.
+/// Host sysctls on the calling (host) thread; pod sysctls through the
+/// files opened with the pod's socket, the rest on a one-shot thread
+/// inside the pod netns.
 struct ProcSysctls {
     netns: NetNs,
+    opened: sysctl::Opened,
 }
 
 impl SysctlWriter for ProcSysctls {
@@ -49,10 +51,11 @@ impl SysctlWriter for ProcSysctls {
         sysctl::apply(sysctls)
     }
     fn pod(&self, sysctls: &[Sysctl]) -> Result<(), DataplaneError> {
-        if sysctls.is_empty() {
+        let rest = sysctl::apply_opened(sysctls, &self.opened)?;
+        if rest.is_empty() {
             return Ok(());
         }
-        self.netns.run(|| sysctl::apply(sysctls))?
+        self.netns.run(|| sysctl::apply(&rest))?
     }
 }
 
@@ -215,12 +218,12 @@ impl Namespaces for KernelNamespaces {
             let Some(netns) = opened? else {
                 return Ok(None);
             };
-            let (conn, handle) = pod_socket(&netns).await?;
+            let ((conn, handle), opened) = pod_socket(&netns).await?;
             tokio::spawn(conn);
             let fd = netns.raw_fd();
             Ok(Some(PodSide {
                 netlink: Arc::new(RtNetlink::from_handle(handle)),
-                sysctls: Arc::new(ProcSysctls { netns }),
+                sysctls: Arc::new(ProcSysctls { netns, opened }),
                 fd,
             }))
         })
@@ -706,13 +709,17 @@ impl PodNetwork {
 /// A netlink socket inside `netns`, made on a one-shot thread while the
 /// runtime's thread goes on. The thread enters the runtime's context only
 /// to register the socket with its I/O driver; the connection is then
-/// driven on the runtime's own thread.
+/// driven on the runtime's own thread. The same thread opens the pod's
+/// usual sysctl files ([`sysctl::OPENED_WITH_POD_SOCKET`]).
 async fn pod_socket(
     netns: &NetNs,
 ) -> Result<
     (
-        rtnetlink::proto::Connection<rtnetlink::packet_route::RouteNetlinkMessage>,
-        rtnetlink::Handle,
+        (
+            rtnetlink::proto::Connection<rtnetlink::packet_route::RouteNetlinkMessage>,
+            rtnetlink::Handle,
+        ),
+        sysctl::Opened,
     ),
     DataplaneError,
 > {
@@ -720,7 +727,8 @@ async fn pod_socket(
     netns
         .run_detached(move || {
             let _context = runtime.enter();
-            RtNetlink::socket()
+            let socket = RtNetlink::socket()?;
+            Ok((socket, sysctl::Opened::open(sysctl::OPENED_WITH_POD_SOCKET)))
         })
         .await?
 }

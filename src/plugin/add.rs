@@ -10,7 +10,9 @@ use crate::cni::env::Command;
 use crate::cni::result::{CniResult, IpConfig};
 use crate::cni::{Error, Result};
 use crate::dataplane::routes::{container_routes_for, host_prefix};
-use crate::dataplane::{DeviceKind, Networking, WorkloadInfo, WorkloadPort};
+use crate::dataplane::{
+    DeviceKind, Networking, NetworkingOutcome, PreparedPod, WorkloadInfo, WorkloadPort,
+};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::ipam::{Ipam, Pending};
 use crate::plugin::context::Context;
@@ -180,7 +182,7 @@ async fn create_endpoint(
     // with no routes: its host routes wait for the migration to complete.
     let routes_from_ipam =
         matches!(addresses, Addresses::Ipam(_)) && ipam.kind() == crate::ipam::CALICO_IPAM;
-    let (ipam_result, ips, outcome) = do_networking(
+    let (ipam_result, ips, prepared, networking) = allocate_and_prepare(
         ctx,
         networking,
         ahead,
@@ -188,32 +190,48 @@ async fn create_endpoint(
         routes_from_ipam,
     )
     .await?;
-
-    // The endpoint record (a remote dataplane may have named the host
-    // interface otherwise).
-    let host_veth = outcome.host_interface.clone().unwrap_or(host_veth);
-    let mac = outcome.container_mac.to_string();
     wep.spec.ip_networks = ips.iter().map(|ip| ip.to_string()).collect();
-    wep.spec.mac = mac.clone();
-    wep.spec.interface_name = host_veth.clone();
     finalize(&mut wep, &ips)?;
-    // The record and the network's profile (independent: a profile is
-    // made once and never changed), at once.
-    let (stored, profile) = tokio::join!(
-        write_record(ctx, &mut wep, replaces.as_deref()),
-        ensure_profile(ctx)
-    );
-    let stored = stored?;
-    undo.endpoint = Some((
-        wep.metadata.namespace.clone(),
-        wep.metadata.name.clone(),
-        stored.metadata.uid.clone(),
-    ));
-    tracing::debug!("endpoint stored");
+
+    // The endpoint record (a remote dataplane may name the host interface
+    // otherwise) and the network's profile (independent: a profile is made
+    // once and never changed). Where the dataplane is local the record is
+    // known before the links are configured, and a new record is written
+    // meanwhile: an ADD that fails after either takes both back (`undo`).
+    // (A record this ADD takes over from an earlier container is written
+    // once the pod's network is complete, as Calico does.)
+    let known = prepared.outcome_ahead().filter(|_| replaces.is_none());
+    let (outcome, (stored, profile)) = match known {
+        Some(known) => {
+            fill_record(&mut wep, &known, &host_veth);
+            tokio::join!(
+                finish_networking(ctx, &prepared, &networking),
+                store_record(ctx, &mut wep, replaces.as_deref())
+            )
+        }
+        None => {
+            let outcome = finish_networking(ctx, &prepared, &networking).await?;
+            fill_record(&mut wep, &outcome, &host_veth);
+            let record = store_record(ctx, &mut wep, replaces.as_deref()).await;
+            (Ok(outcome), record)
+        }
+    };
+    if let Ok(stored) = &stored {
+        undo.endpoint = Some((
+            wep.metadata.namespace.clone(),
+            wep.metadata.name.clone(),
+            stored.metadata.uid.clone(),
+        ));
+        tracing::debug!("endpoint stored");
+    }
+    outcome?;
+    stored?;
     crate::fault::kill_point("endpoint");
     ctx.inject_fault("endpoint")?;
     profile?;
     ctx.inject_fault("profile")?;
+    let host_veth = wep.spec.interface_name.clone();
+    let mac = wep.spec.mac.clone();
 
     // Check that the result prints in the config's version before committing.
     let result = endpoint_result(ctx, &host_veth, &mac, &ips, Some(&ipam_result));
@@ -261,18 +279,37 @@ fn workload_info(wep: &WorkloadEndpoint) -> WorkloadInfo {
     }
 }
 
-/// DoNetworking (calico-behaviour.md §7): the interface pair made while `addresses` are
-/// taken (the pair needs none, and an exec'd IPAM runs in its own
-/// process), then, with the addresses as /32 and /128, the rest: sysctls,
-/// links up, container routes and addresses, host routes. Returns the
-/// IPAM's result, the addresses and what the dataplane made.
-async fn do_networking(
+/// The record's interface fields: the container's MAC and the host
+/// interface (as the dataplane named it, else the one asked for).
+fn fill_record(wep: &mut WorkloadEndpoint, outcome: &NetworkingOutcome, host_veth: &str) {
+    wep.spec.mac = outcome.container_mac.to_string();
+    wep.spec.interface_name = outcome
+        .host_interface
+        .clone()
+        .unwrap_or_else(|| host_veth.to_string());
+}
+
+/// The endpoint record written and the network's profile ensured, at once.
+async fn store_record(
+    ctx: &Context,
+    wep: &mut WorkloadEndpoint,
+    replaces: Option<&str>,
+) -> (Result<WorkloadEndpoint>, Result<()>) {
+    tokio::join!(write_record(ctx, wep, replaces), ensure_profile(ctx))
+}
+
+/// DoNetworking's first half (calico-behaviour.md §7): the interface pair
+/// made while `addresses` are taken (the pair needs none, and an exec'd
+/// IPAM runs in its own process). Returns the IPAM's result, the
+/// addresses as /32 and /128, the pair, and the networking completed
+/// with them for [`finish_networking`].
+async fn allocate_and_prepare(
     ctx: &Context,
     mut networking: Networking,
     ahead: PairAhead<'_>,
     addresses: impl std::future::Future<Output = Result<CniResult>>,
     routes_from_ipam: bool,
-) -> Result<(CniResult, Vec<IpNet>, crate::dataplane::NetworkingOutcome)> {
+) -> Result<(CniResult, Vec<IpNet>, PreparedPod, Networking)> {
     let req = &ctx.req;
     let prepare = async {
         let prepared = ahead.take_or_prepare(ctx, &networking).await?;
@@ -313,13 +350,23 @@ async fn do_networking(
         tracing::info!("Skipping host-side route setup (skipHostSideRoutes=true)");
         networking.skip_host_routes = true;
     }
+    Ok((ipam_result, ips, prepared, networking))
+}
+
+/// DoNetworking's second half: sysctls, links up, container routes and
+/// addresses, host routes.
+async fn finish_networking(
+    ctx: &Context,
+    prepared: &PreparedPod,
+    networking: &Networking,
+) -> Result<NetworkingOutcome> {
     let outcome = tokio::time::timeout(
-        req.remaining(),
-        ctx.dataplane().finish(&prepared, &networking),
+        ctx.req.remaining(),
+        ctx.dataplane().finish(prepared, networking),
     )
     .await
     .map_err(|_| Error::timed_out("timed out setting up the pod network"))??;
     tracing::debug!("networking done");
     ctx.inject_fault("networking")?;
-    Ok((ipam_result, ips, outcome))
+    Ok(outcome)
 }

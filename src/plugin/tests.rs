@@ -187,19 +187,24 @@ async fn add_takes_its_steps_in_order() {
     assert_eq!(result.ips[0].address.to_string(), "10.0.0.5/32");
     assert_eq!(result.interfaces[0].name, VETH);
     // The IPAM starts first; the pair is made ahead (its names are free)
-    // while the datastore is read, before the allocation; addresses,
-    // routes, then the record.
-    let steps = [
+    // while the datastore is read, before the allocation; then addresses
+    // and routes, and meanwhile the record (known once the addresses and
+    // the pair are: written while the links are configured).
+    let in_order = |steps: &[&str]| {
+        let at: Vec<usize> = steps.iter().map(|s| node.at(s)).collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{:#?}", node.journal());
+    };
+    let veth = format!("dataplane host: create veth {VETH} peer eth0");
+    let record = format!("record create {CID}");
+    in_order(&[
         "ipam START ADD",
-        &format!("dataplane host: create veth {VETH} peer eth0"),
+        &veth,
         "ipam ADD",
         "dataplane pod: route 0.0.0.0/0 via 169.254.1.1",
         "dataplane pod: addr 10.0.0.5/32",
         "dataplane host: route 10.0.0.5/32",
-        &format!("record create {CID}"),
-    ];
-    let at: Vec<usize> = steps.iter().map(|s| node.at(s)).collect();
-    assert!(at.windows(2).all(|w| w[0] < w[1]), "{:#?}", node.journal());
+    ]);
+    in_order(&["ipam ADD", &record, "dataplane host: route 10.0.0.5/32"]);
     let records = node.records().await;
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].spec.ip_networks, ["10.0.0.5/32"]);
