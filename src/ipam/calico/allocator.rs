@@ -151,6 +151,40 @@ fn made_within(timestamp: &str, within: Duration) -> bool {
     age < jiff::SignedDuration::try_from(within).unwrap_or(jiff::SignedDuration::MAX)
 }
 
+/// How a block is looked at for an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Candidate {
+    /// One of this host's, on a first look: a kept copy offering nothing
+    /// is left for later ([`Taken::CopyOffersNothing`]).
+    Affine,
+    /// One of this host's, read again when its copy offers nothing.
+    AffineRead,
+    /// Another host's (borrowing).
+    Borrowed,
+}
+
+/// What [`Allocator::assign_from_block`] took.
+#[derive(Debug)]
+enum Taken {
+    Addresses(Vec<IpNet>),
+    /// Nothing: the kept copy offered no address (not read again).
+    CopyOffersNothing,
+}
+
+impl Taken {
+    fn addresses(self) -> Vec<IpNet> {
+        match self {
+            Taken::Addresses(ips) => ips,
+            Taken::CopyOffersNothing => Vec::new(),
+        }
+    }
+}
+
+/// Addresses of a block with its prefix length.
+fn with_prefixes(ips: Vec<IpAddr>, cidr: &IpNet) -> Vec<IpNet> {
+    ips.into_iter().map(|ip| with_prefix(ip, cidr)).collect()
+}
+
 /// A new handle `name` for `handle` holding `n` addresses of `cidr`.
 fn new_handle(name: &str, handle: &str, cidr: &IpNet, n: usize) -> IpamHandle {
     IpamHandle::new(
@@ -774,20 +808,29 @@ impl<'a> Allocator<'a> {
         let mut messages = Vec::new();
 
         // 1. This host's blocks (those read ahead, then any claimed since).
-        let from_affine = async |cidrs: &[IpNet], ips: &mut Vec<IpNet>| {
+        // A block whose kept copy offers nothing (full as this host last
+        // wrote it) is passed over while another of the host's blocks has
+        // room, and read again only before the call concludes that none
+        // has (a burst that fills one block then goes on in the next
+        // without reading the full one again under the lock).
+        let from_affine = async |cidrs: &[IpNet], ips: &mut Vec<IpNet>, full: &mut Vec<IpNet>| {
             for cidr in cidrs.iter().filter(|c| in_pools(c)) {
                 if ips.len() == num {
                     break;
                 }
-                let got = self
-                    .assign_from_block(cidr, num - ips.len(), req, &reserved, true)
-                    .await?;
-                ips.extend(got);
+                match self
+                    .assign_from_block(cidr, num - ips.len(), req, &reserved, Candidate::Affine)
+                    .await?
+                {
+                    Taken::Addresses(got) => ips.extend(got),
+                    Taken::CopyOffersNothing => full.push(*cidr),
+                }
             }
             Ok::<_, IpamError>(())
         };
+        let mut full_copies = Vec::new();
         let mut affine = self.affine_blocks(affinities.list).await?;
-        from_affine(&affine, &mut ips).await?;
+        from_affine(&affine, &mut ips, &mut full_copies).await?;
         if ips.len() < num && affinities.ahead {
             let claimed_since: Vec<IpNet> = self
                 .affine_blocks(self.host_affinities(v6).await?)
@@ -795,8 +838,17 @@ impl<'a> Allocator<'a> {
                 .into_iter()
                 .filter(|c| !affine.contains(c))
                 .collect();
-            from_affine(&claimed_since, &mut ips).await?;
+            from_affine(&claimed_since, &mut ips, &mut full_copies).await?;
             affine.extend(claimed_since);
+        }
+        for cidr in &full_copies {
+            if ips.len() == num {
+                break;
+            }
+            let got = self
+                .assign_from_block(cidr, num - ips.len(), req, &reserved, Candidate::AffineRead)
+                .await?;
+            ips.extend(got.addresses());
         }
 
         // 2. New blocks.
@@ -822,9 +874,15 @@ impl<'a> Allocator<'a> {
                 };
                 *owned += 1;
                 let got = self
-                    .assign_from_block(&cidr, num - ips.len(), req, &reserved, true)
+                    .assign_from_block(
+                        &cidr,
+                        num - ips.len(),
+                        req,
+                        &reserved,
+                        Candidate::AffineRead,
+                    )
                     .await?;
-                ips.extend(got);
+                ips.extend(got.addresses());
             }
             Ok::<_, IpamError>(None)
         };
@@ -858,9 +916,15 @@ impl<'a> Allocator<'a> {
                         break;
                     }
                     let got = self
-                        .assign_from_block(&cidr, num - ips.len(), req, &reserved, false)
+                        .assign_from_block(
+                            &cidr,
+                            num - ips.len(),
+                            req,
+                            &reserved,
+                            Candidate::Borrowed,
+                        )
                         .await?;
-                    ips.extend(got);
+                    ips.extend(got.addresses());
                 }
             }
         }
@@ -909,35 +973,37 @@ impl<'a> Allocator<'a> {
         n: usize,
         req: &AutoAssign<'_>,
         reserved: &(dyn Fn(IpAddr) -> bool + Sync),
-        affine_only: bool,
-    ) -> Result<Vec<IpNet>, IpamError> {
+        candidate: Candidate,
+    ) -> Result<Taken, IpamError> {
         let what = format!("error updating IPAMBlock({})", cidr_name(cidr));
+        let none = || Ok(Taken::Addresses(Vec::new()));
         for attempt in 0..CAS_ATTEMPTS {
             // Only an address the copy offers is trusted (the write is on
-            // its revision); a copy offering none is read again.
+            // its revision); a copy offering none is read again, or, for
+            // one of this host's blocks on a first look, left for later.
             let (read, from_copy) = self.block_to_write(cidr, attempt).await?;
             let Some(mut blk) = read else {
-                return Ok(Vec::new());
+                return none();
             };
-            if affine_only && blk.spec.affinity.as_deref() != Some(&self.affinity_value()) {
-                if from_copy {
-                    continue;
-                }
-                return Ok(Vec::new());
-            }
-            let got = block::assign(&mut blk.spec, cidr, n, req.handle, req.attrs, reserved);
+            let mine = candidate == Candidate::Borrowed
+                || blk.spec.affinity.as_deref() == Some(&self.affinity_value());
+            let got = match mine {
+                true => block::assign(&mut blk.spec, cidr, n, req.handle, req.attrs, reserved),
+                false => Vec::new(),
+            };
             if got.is_empty() {
-                if from_copy {
-                    continue;
+                match (from_copy, candidate) {
+                    (true, Candidate::Affine) => return Ok(Taken::CopyOffersNothing),
+                    (true, _) => continue,
+                    (false, _) => return none(),
                 }
-                return Ok(Vec::new());
             }
             if self.store.writes_together() {
                 match self
                     .write_with_handle(req.handle, cidr, got.len(), &mut blk, attempt > 0)
                     .await
                 {
-                    Ok(()) => return Ok(got.into_iter().map(|ip| with_prefix(ip, cidr)).collect()),
+                    Ok(()) => return Ok(Taken::Addresses(with_prefixes(got, cidr))),
                     // The block or the handle changed (or went) since
                     // read: both are read again.
                     Err(
@@ -952,13 +1018,13 @@ impl<'a> Allocator<'a> {
             self.handle_for(req.handle, cidr, got.len()).await?;
             crate::fault::kill_point("ipam-handle");
             match self.put_block(&mut blk).await {
-                Ok(_) => return Ok(got.into_iter().map(|ip| with_prefix(ip, cidr)).collect()),
+                Ok(_) => return Ok(Taken::Addresses(with_prefixes(got, cidr))),
                 Err(e) => {
                     self.decrement_handle(req.handle, cidr, Some(got.len()))
                         .await?;
                     match e {
                         DatastoreError::Conflict(_) => continue,
-                        DatastoreError::NotFound(_) => return Ok(Vec::new()),
+                        DatastoreError::NotFound(_) => return none(),
                         // A write from a copy the datastore refuses for
                         // another reason (a uid it does not know): the
                         // block is read again.
