@@ -499,9 +499,13 @@ fn a_call_with_nothing_owed_looks_at_one_directory() {
             ("CNI_PATH", common::CNI_BIN),
         ]);
         env.insert("PATH".into(), std::env::var("PATH").unwrap_or_default());
+        // One file per thread (`-ff`): a call's threads' syscalls are not
+        // split into unfinished and resumed halves.
+        let prefix = trace.join(command);
+        std::fs::create_dir_all(&trace).unwrap();
         let out = std::process::Command::new(&strace)
-            .args(["-f", "-qq", "-o"])
-            .arg(&trace)
+            .args(["-ff", "-qq", "-o"])
+            .arg(&prefix)
             .args(["-e", "trace=%file,%desc", CALICO])
             .env_clear()
             .envs(&env)
@@ -523,7 +527,16 @@ fn a_call_with_nothing_owed_looks_at_one_directory() {
             "{command}: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let text = std::fs::read_to_string(&trace).unwrap();
+        let text: String = std::fs::read_dir(&trace)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{command}.")))
+            })
+            .map(|p| std::fs::read_to_string(p).unwrap())
+            .collect();
         let touching: Vec<&str> = text
             .lines()
             .filter(|l| l.contains(&queue.display().to_string()))

@@ -10,8 +10,10 @@
 //! copy loses (`Conflict`), is forgotten and the block is read again. A
 //! copy that offers nothing (no free address, not this host's, no address
 //! of the handle) is not trusted either: the block is read again before
-//! the call concludes anything from it. Inside the lock, an allocation
-//! then costs the handle's create and the block's write alone.
+//! the call concludes anything from it (an allocation first tries this
+//! host's other blocks, and reads a full copy's block again only if none
+//! has room). Inside the lock, an allocation then costs the handle's
+//! create and the block's write alone.
 //!
 //! One file per block (`<lock file>.blocks/<block name>`, the directory
 //! 0700, files 0600, written whole and renamed into place), naming the
