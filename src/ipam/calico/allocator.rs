@@ -157,8 +157,12 @@ enum Candidate {
     /// One of this host's, on a first look: a kept copy offering nothing
     /// is left for later ([`Taken::CopyOffersNothing`]).
     Affine,
-    /// One of this host's, read again when its copy offers nothing.
+    /// One of this host's whose copy offered nothing on a first look:
+    /// read from the datastore.
     AffineRead,
+    /// A block this call has just claimed: from its copy, read again when
+    /// the copy offers nothing.
+    Claimed,
     /// Another host's (borrowing).
     Borrowed,
 }
@@ -244,16 +248,15 @@ impl<'a> Allocator<'a> {
         self.collected(copy).await.ok()
     }
 
-    /// The block a write's `attempt` starts from: the copy kept under the
-    /// lock on the first (`true` with it), else the block read now.
+    /// The block a write starts from: the copy kept under the lock where
+    /// `copy` allows it (a write's first attempt), `true` with it; else
+    /// the block read now.
     async fn block_to_write(
         &self,
         cidr: &IpNet,
-        attempt: usize,
+        copy: bool,
     ) -> Result<(Option<IpamBlock>, bool), IpamError> {
-        if attempt == 0
-            && let Some(copy) = self.cached_block(cidr).await
-        {
+        if copy && let Some(copy) = self.cached_block(cidr).await {
             return Ok((Some(copy), true));
         }
         Ok((self.get_block(cidr).await?, false))
@@ -874,13 +877,7 @@ impl<'a> Allocator<'a> {
                 };
                 *owned += 1;
                 let got = self
-                    .assign_from_block(
-                        &cidr,
-                        num - ips.len(),
-                        req,
-                        &reserved,
-                        Candidate::AffineRead,
-                    )
+                    .assign_from_block(&cidr, num - ips.len(), req, &reserved, Candidate::Claimed)
                     .await?;
                 ips.extend(got.addresses());
             }
@@ -981,13 +978,14 @@ impl<'a> Allocator<'a> {
             // Only an address the copy offers is trusted (the write is on
             // its revision); a copy offering none is read again, or, for
             // one of this host's blocks on a first look, left for later.
-            let (read, from_copy) = self.block_to_write(cidr, attempt).await?;
+            let copy = attempt == 0 && candidate != Candidate::AffineRead;
+            let (read, from_copy) = self.block_to_write(cidr, copy).await?;
             let Some(mut blk) = read else {
                 return none();
             };
-            let mine = candidate == Candidate::Borrowed
+            let usable = candidate == Candidate::Borrowed
                 || blk.spec.affinity.as_deref() == Some(&self.affinity_value());
-            let got = match mine {
+            let got = match usable {
                 true => block::assign(&mut blk.spec, cidr, n, req.handle, req.attrs, reserved),
                 false => Vec::new(),
             };
@@ -1414,7 +1412,7 @@ impl<'a> Allocator<'a> {
         let what = format!("error updating IPAMBlock({})", cidr_name(cidr));
         for attempt in 0..CAS_ATTEMPTS {
             // As in an allocation: a copy freeing nothing is read again.
-            let (read, from_copy) = self.block_to_write(cidr, attempt).await?;
+            let (read, from_copy) = self.block_to_write(cidr, attempt == 0).await?;
             let Some(mut blk) = read else {
                 return Ok(0);
             };
