@@ -530,6 +530,17 @@ impl World {
             .filter(|s| !s.ok)
             .count();
         f.leaked |= probed.leaked;
+        // Each call's peak on stderr (`BENCH_RSS_DETAIL=1`): which verb
+        // grew, when the figure moves.
+        if std::env::var_os("BENCH_RSS_DETAIL").is_some() {
+            let kib = |v: &[Sample]| v.iter().map(|s| s.max_rss_kib).collect::<Vec<_>>();
+            eprintln!(
+                "rss {} adds {:?} dels {:?}",
+                b.label,
+                kib(&probed.adds),
+                kib(&probed.dels)
+            );
+        }
         f.rss_kib = probed
             .adds
             .iter()

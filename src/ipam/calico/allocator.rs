@@ -14,7 +14,9 @@
 //! block (and takes the handle back if the block write loses); an explicit
 //! address is written to the block, then to the handle (and freed again if
 //! the handle write fails); release frees the block's addresses, then
-//! takes them off the handle.
+//! takes them off the handle. A block write under the host lock also takes
+//! addresses for the calls waiting for it (their handles written ahead, made
+//! to name that block first where they name another: [`super::intents`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
@@ -26,6 +28,7 @@ use ipnet::IpNet;
 use super::IpamError;
 use super::block;
 use super::block_cache::{self, BlockCache};
+use super::intents::Intents;
 use super::pools::{
     SelectorLabels, USE_WORKLOAD, automatic_pools, blocks_for_host, host_seed, pools_select_nodes,
     requested_pools,
@@ -37,6 +40,8 @@ use crate::datastore::ipam_model::{
     affinity_name_on, cidr_name, cidr_of_block_name, handle_name_on, hostname_hash,
 };
 use crate::datastore::{DatastoreError, ListFilter, Precondition, Resource, Store, Write, decode};
+
+mod group_commit;
 
 /// Conflicts retried before giving up (Calico's figure).
 const CAS_ATTEMPTS: usize = 100;
@@ -122,6 +127,14 @@ pub struct Allocator<'a> {
     /// The request's handle as written before the host lock
     /// ([`Allocator::create_handle_ahead`]), until an allocation takes it.
     ahead_handle: std::sync::Mutex<Option<IpamHandle>>,
+    /// The intents beside the host lock, while it is held: served in this
+    /// call's block writes ([`Allocator::use_intents`]).
+    intents: std::sync::OnceLock<Intents>,
+    /// Where this call's intent went (its handle's name), until the call
+    /// takes it back ([`Allocator::intent_post`]).
+    posted_to: std::sync::Mutex<Option<(Intents, String)>>,
+    /// This call posted an intent before waiting for the lock.
+    posted: std::sync::atomic::AtomicBool,
 }
 
 fn ds(what: impl Into<String>) -> impl FnOnce(DatastoreError) -> IpamError {
@@ -226,6 +239,9 @@ impl<'a> Allocator<'a> {
             latest_pools: std::sync::atomic::AtomicBool::new(false),
             blocks: std::sync::OnceLock::new(),
             ahead_handle: std::sync::Mutex::new(None),
+            intents: std::sync::OnceLock::new(),
+            posted_to: std::sync::Mutex::new(None),
+            posted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -578,6 +594,14 @@ impl<'a> Allocator<'a> {
     /// it (the call failed): it holds nothing. (Should this fail, the DEL
     /// that follows a failed ADD deletes it.)
     pub async fn delete_unused_handle(&self) {
+        if self.withdraw_intent().await {
+            // Posted: a holder may have served it (or be serving it now),
+            // so the handle stays, for the DEL.
+            if let Some(h) = self.take_ahead_handle() {
+                tracing::info!(name = %h.metadata.name, "the handle of a failed assignment that asked the lock's holder stays for the DEL");
+            }
+            return;
+        }
         if let Some(unused) = self.take_ahead_handle() {
             let name = unused.metadata.name.clone();
             if let Err(e) = self.store.delete_as_read(&unused).await {
@@ -974,6 +998,7 @@ impl<'a> Allocator<'a> {
     ) -> Result<Taken, IpamError> {
         let what = format!("error updating IPAMBlock({})", cidr_name(cidr));
         let none = || Ok(Taken::Addresses(Vec::new()));
+        let mut grouping = true;
         for attempt in 0..CAS_ATTEMPTS {
             // Only an address the copy offers is trusted (the write is on
             // its revision); a copy offering none is read again, or, for
@@ -983,6 +1008,13 @@ impl<'a> Allocator<'a> {
             let Some(mut blk) = read else {
                 return none();
             };
+            let mine = self.served_unrecorded(&blk, cidr, req.handle);
+            if !mine.is_empty() {
+                // The handle's count as the block has it (a write of this
+                // call's that lost took its count back).
+                self.reconcile_handle(req.handle, cidr).await?;
+                return Ok(Taken::Addresses(with_prefixes(mine, cidr)));
+            }
             let usable = candidate == Candidate::Borrowed
                 || blk.spec.affinity.as_deref() == Some(&self.affinity_value());
             let got = match usable {
@@ -997,11 +1029,28 @@ impl<'a> Allocator<'a> {
                 }
             }
             if self.store.writes_together() {
+                // The calls waiting for the lock served in the same
+                // transaction (until a write with them fails: one of their
+                // handles may exist, a retried ADD's).
+                let mut group = match (candidate, grouping) {
+                    (Candidate::Borrowed, _) | (_, false) => group_commit::Group::default(),
+                    _ => self.gather(&blk, cidr, req, reserved).await,
+                };
+                Self::assign_group(&mut blk, cidr, &mut group, reserved);
+                let extra = Self::group_handles(&group, cidr).map_err(ds(what.clone()))?;
+                let grouped = !extra.is_empty();
                 match self
-                    .write_with_handle(req.handle, cidr, got.len(), &mut blk, attempt > 0)
+                    .write_with_handle(req.handle, cidr, got.len(), &mut blk, attempt > 0, extra)
                     .await
                 {
-                    Ok(()) => return Ok(Taken::Addresses(with_prefixes(got, cidr))),
+                    Ok(()) => {
+                        self.record_served(group, cidr).await;
+                        return Ok(Taken::Addresses(with_prefixes(got, cidr)));
+                    }
+                    Err(_) if grouped => {
+                        grouping = false;
+                        continue;
+                    }
                     // The block or the handle changed (or went) since
                     // read: both are read again.
                     Err(
@@ -1013,10 +1062,24 @@ impl<'a> Allocator<'a> {
                     Err(e) => return Err(ds(what)(e)),
                 }
             }
-            self.handle_for(req.handle, cidr, got.len()).await?;
+            // The calls waiting for the lock whose addresses this write
+            // can take as well, their handles written beside this one's.
+            let gather = async {
+                match candidate {
+                    Candidate::Borrowed => group_commit::Group::default(),
+                    _ => self.gather(&blk, cidr, req, reserved).await,
+                }
+            };
+            let (own, mut group) =
+                tokio::join!(self.handle_for(req.handle, cidr, got.len()), gather);
+            own?;
+            Self::assign_group(&mut blk, cidr, &mut group, reserved);
             crate::fault::kill_point("ipam-handle");
             match self.put_block(&mut blk).await {
-                Ok(_) => return Ok(Taken::Addresses(with_prefixes(got, cidr))),
+                Ok(_) => {
+                    self.record_served(group, cidr).await;
+                    return Ok(Taken::Addresses(with_prefixes(got, cidr)));
+                }
                 Err(e) => {
                     self.decrement_handle(req.handle, cidr, Some(got.len()))
                         .await?;
@@ -1040,8 +1103,9 @@ impl<'a> Allocator<'a> {
     /// neither, so an allocation is never without its handle, nor a
     /// handle's count without its addresses. The handle is taken to be new
     /// (a create, no read) unless `read_handle`: after a write that failed,
-    /// or for a retried ADD, whose handle exists. On success the block
-    /// copy is kept; on failure it is dropped.
+    /// or for a retried ADD, whose handle exists. `others` (the handles of
+    /// the waiting calls it serves) go in the same transaction. On success
+    /// the block copy is kept; on failure it is dropped.
     async fn write_with_handle(
         &self,
         handle: &str,
@@ -1049,6 +1113,7 @@ impl<'a> Allocator<'a> {
         n: usize,
         blk: &mut IpamBlock,
         read_handle: bool,
+        others: Vec<Write>,
     ) -> Result<(), DatastoreError> {
         let name = handle_name_on(self.store.backend(), handle);
         let current = match read_handle {
@@ -1069,10 +1134,10 @@ impl<'a> Allocator<'a> {
             }
         };
         blk.spec.sequence_number += 1;
-        let written = self
-            .store
-            .write_together(vec![handle_write, Write::update(blk)?])
-            .await;
+        let mut writes = vec![handle_write];
+        writes.extend(others);
+        writes.push(Write::update(blk)?);
+        let written = self.store.write_together(writes).await;
         crate::fault::kill_point("ipam-handle");
         // The block as stored (the second write's answer) is kept; a
         // write that failed drops the copy.

@@ -14,6 +14,7 @@ use nix::fcntl::{Flock, FlockArg};
 use tokio::time::Instant;
 
 use super::block_cache::BlockCache;
+use super::intents::Intents;
 
 pub const DEFAULT_LOCK_FILE: &str = "/var/run/calico/ipam.lock";
 
@@ -26,6 +27,9 @@ pub struct HostLock {
     token: Arc<()>,
     /// When it was taken (for the debug log of how long it was held).
     since: Instant,
+    /// Whether the call posted what it came for before waiting
+    /// ([`acquire_posting`]).
+    posted: bool,
 }
 
 impl Drop for HostLock {
@@ -45,12 +49,27 @@ impl HostLock {
         self.held.is_some()
     }
 
+    /// Whether the call had to wait and posted first.
+    pub fn posted(&self) -> bool {
+        self.posted
+    }
+
     /// The copies of the blocks the calls under this lock last wrote
     /// ([`BlockCache`]), for the datastore `identity` names; `None` when
     /// the lock is not held or the store gives no identity.
     pub fn block_cache(&self, identity: Option<String>) -> Option<BlockCache> {
         match (&self.held, identity) {
             (Some(_), Some(datastore)) => Some(BlockCache::new(&self.path, datastore, &self.token)),
+            _ => None,
+        }
+    }
+
+    /// The intents waiting beside this lock ([`Intents`]) of the datastore
+    /// `identity` names, for the holder to serve; `None` when the lock is
+    /// not held or the store gives no identity.
+    pub fn intents(&self, identity: Option<String>) -> Option<Intents> {
+        match (&self.held, identity) {
+            (Some(_), Some(datastore)) => Some(Intents::new(&self.path, datastore)),
             _ => None,
         }
     }
@@ -96,7 +115,18 @@ fn lock(path: &Path, how: FlockArg) -> std::io::Result<Option<Flock<File>>> {
 /// abandoned waiter unlocks as soon as it gets the lock, and dies with the
 /// process).
 pub async fn acquire(path: &Path, deadline: Instant) -> HostLock {
+    acquire_posting(path, deadline, None).await
+}
+
+/// Work a call does, off the runtime's thread, only when it has to wait
+/// for the lock (true: done).
+pub type Post = Box<dyn FnOnce() -> bool + Send>;
+
+/// [`acquire`], doing `post` first if the lock is held by another call
+/// (an allocation asked of the holder: [`super::intents`]).
+pub async fn acquire_posting(path: &Path, deadline: Instant, post: Option<Post>) -> HostLock {
     let asked = Instant::now();
+    let mut posted = false;
     let owned = path.to_path_buf();
     let at_once = tokio::time::timeout_at(
         deadline,
@@ -108,7 +138,13 @@ pub async fn acquire(path: &Path, deadline: Instant) -> HostLock {
         Ok(Ok(Err(e))) => Err(e.to_string()),
         Err(_) => Err("not free before the deadline".to_string()),
         // Held by another call (or the pool failed): wait for it.
-        Ok(Ok(Ok(None))) | Ok(Err(_)) => wait(path, deadline).await,
+        Ok(Ok(Ok(None))) | Ok(Err(_)) => {
+            if let Some(post) = post {
+                let done = tokio::time::timeout_at(deadline, tokio::task::spawn_blocking(post));
+                posted = matches!(done.await, Ok(Ok(true)));
+            }
+            wait(path, deadline).await
+        }
     };
     let held = match outcome {
         Ok(held) => {
@@ -128,6 +164,7 @@ pub async fn acquire(path: &Path, deadline: Instant) -> HostLock {
         path: path.to_path_buf(),
         token: Arc::new(()),
         since: Instant::now(),
+        posted,
     }
 }
 

@@ -1,13 +1,15 @@
 //! Calico's IP address management, on the store API: the allocator
 //! ([`allocator`]) over blocks ([`block`]), pools ([`pools`]) and their
 //! selectors ([`selector`]), the host lock ([`lock`]) and the copies of
-//! the blocks written under it ([`block_cache`]), and the
+//! the blocks written under it ([`block_cache`]), the allocations asked
+//! of its holder ([`intents`]), and the
 //! `calico-ipam` verbs ([`verbs`]) that the personality and the in-process
 //! path of the `calico` plugin share.
 
 pub mod allocator;
 pub mod block;
 pub mod block_cache;
+pub mod intents;
 pub mod kubevirt;
 pub mod lock;
 pub mod pools;

@@ -433,8 +433,15 @@ pub async fn add_from(call: &Call, req: &Request, early: Option<AddInputs>) -> R
         } else {
             None
         };
-        let lock = lock::acquire(&lock_file, call.deadline).await;
+        // A call that has to wait asks the lock's holder to allocate for
+        // it as well ([`super::intents`]).
+        let post = match ahead {
+            Some(_) => allocator.intent_post(&auto, &lock_file, call.deadline),
+            None => None,
+        };
+        let lock = lock::acquire_posting(&lock_file, call.deadline, post).await;
         allocator.use_block_cache(lock.block_cache(call.store.identity()));
+        allocator.use_intents(lock.intents(call.store.identity()), lock.posted());
         if let Some(vm) = &vm {
             let held = allocator.addresses_of(&handle).await?;
             if held.is_empty() && vm.is_migration_target() {
@@ -477,7 +484,10 @@ pub async fn add_from(call: &Call, req: &Request, early: Option<AddInputs>) -> R
             let ip = allocator.assign_ip(ip, &handle, &attrs).await?;
             return Ok::<_, IpamError>(result_for(&[IpNet::from(ip.addr())]));
         }
-        let assigned = allocator.auto_assign_from(&auto, ahead).await?;
+        let assigned = match allocator.served(&auto).await? {
+            Some(served) => served,
+            None => allocator.auto_assign_from(&auto, ahead).await?,
+        };
         let ips: Vec<IpNet> = assigned.v4.into_iter().chain(assigned.v6).collect();
         Ok(result_for(&ips))
     };
@@ -544,6 +554,9 @@ pub async fn del_from(call: &Call, req: &Request, ahead: Option<ReleaseInputs>) 
         };
         let lock = lock::acquire(&lock_file, call.deadline).await;
         allocator.use_block_cache(lock.block_cache(call.store.identity()));
+        // An intent its ADD left (it gave up waiting) is served no more.
+        allocator.use_intents(lock.intents(call.store.identity()), false);
+        allocator.drop_intents(&handles[..1]).await;
         if let (Some(vm), Some((namespace, pod))) = (&vm, req.env.args.k8s_pod()) {
             let handle = kubevirt::handle_id(&req.conf.name, &vm.namespace, &vm.name);
             let held = allocator.addresses_of(&handle).await?;
