@@ -850,6 +850,21 @@ on_all!(block_copies_under_the_lock);
 // The calls waiting for the host lock served by its holder
 // (src/ipam/calico/intents.rs): one block write for many.
 
+/// A world for the intents' tests: a pool of /29 blocks, one address
+/// taken (so the host has a block and the lock its copy); the conf, that
+/// call's container, the block, the intents' directory beside the lock.
+fn queued_world(w: &World) -> (Value, String, IpNet, std::path::PathBuf) {
+    let pool = w.v4(0);
+    w.pool(&pool.to_string(), json!({"blockSize": 29}));
+    let conf = w.conf();
+    let c0 = container_id();
+    let first = address(&w.ipam("ADD", &c0, &conf, "").assert_ok().json(), 0);
+    let block_a: IpNet = IpNet::new(first.addr(), 29).unwrap().trunc();
+    let mut name = w.lock_file.file_name().unwrap().to_os_string();
+    name.push(".intents");
+    (conf, c0, block_a, w.lock_file.with_file_name(name))
+}
+
 /// Five ADDs queue behind the host lock (held by the test), each posting
 /// its intent; meanwhile another writer fills their predicted block down to
 /// two free addresses (the holder's copy now stale). Let go, the first
@@ -860,17 +875,7 @@ on_all!(block_copies_under_the_lock);
 /// once, and the five took two block writes, not five. On etcd the same,
 /// each served call's handle created in its holder's transaction.
 fn waiting_calls_served_by_the_holder(_test: &str, w: &World) {
-    let pool = w.v4(0);
-    w.pool(&pool.to_string(), json!({"blockSize": 29}));
-    let conf = w.conf();
-    let c0 = container_id();
-    let first = address(&w.ipam("ADD", &c0, &conf, "").assert_ok().json(), 0);
-    let block_a: IpNet = IpNet::new(first.addr(), 29).unwrap().trunc();
-    let intents_dir = {
-        let mut name = w.lock_file.file_name().unwrap().to_os_string();
-        name.push(".intents");
-        w.lock_file.with_file_name(name)
-    };
+    let (conf, c0, block_a, intents_dir) = queued_world(w);
     let posted = || -> Vec<String> {
         std::fs::read_dir(&intents_dir)
             .map(|d| {
@@ -1008,17 +1013,7 @@ fn a_service_left_unrecorded_is_found_in_the_block() {
     let Some(w) = World::new(test, Backend::Kdd) else {
         return;
     };
-    let pool = w.v4(0);
-    w.pool(&pool.to_string(), json!({"blockSize": 29}));
-    let conf = w.conf();
-    let c0 = container_id();
-    let first = address(&w.ipam("ADD", &c0, &conf, "").assert_ok().json(), 0);
-    let block_a: IpNet = IpNet::new(first.addr(), 29).unwrap().trunc();
-    let intent = {
-        let mut name = w.lock_file.file_name().unwrap().to_os_string();
-        name.push(".intents");
-        w.lock_file.with_file_name(name)
-    };
+    let (conf, c0, block_a, intent) = queued_world(&w);
     let held = std::fs::File::options()
         .write(true)
         .open(&w.lock_file)

@@ -127,21 +127,9 @@ impl BlockCache {
         };
         let dir = self.dir.clone();
         let written = blocking(move || -> std::io::Result<()> {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)?;
             let mut part = path.clone().into_os_string();
             part.push(format!(".{}", std::process::id()));
-            let part = PathBuf::from(part);
-            let mut file = OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .write(true)
-                .mode(0o600)
-                .open(&part)?;
-            file.write_all(&bytes)?;
-            std::fs::rename(&part, &path)
+            write_whole(&dir, Path::new(&part), &path, &bytes)
         })
         .await;
         if let Some(Err(e)) = written {
@@ -214,8 +202,32 @@ pub async fn likely_block(
     .flatten()
 }
 
+/// Writes `bytes` to `path` whole: to `part` (0600, in `dir`, made 0700
+/// if missing), then renamed into place, so that no reader sees half.
+pub(super) fn write_whole(
+    dir: &Path,
+    part: &Path,
+    path: &Path,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(part)?;
+    file.write_all(bytes)?;
+    std::fs::rename(part, path)
+}
+
 /// File work off the runtime's thread; `None` if the task was lost.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+pub(super) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
     tokio::task::spawn_blocking(work).await.ok()
 }
 

@@ -30,14 +30,12 @@
 //! follows (which removes the intent too, under the lock).
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::block_cache::{blocking, write_whole};
 use crate::datastore::ipam_model::IpamHandle;
 
 /// An intent this close to its call's deadline is left alone.
@@ -82,6 +80,11 @@ impl Intent {
     pub fn live(&self, now: SystemTime) -> bool {
         let until = UNIX_EPOCH + Duration::from_millis(self.expires_ms);
         self.state == State::Posted && now + MARGIN < until
+    }
+
+    /// Whether its call's deadline has passed.
+    pub fn expired(&self, now: SystemTime) -> bool {
+        now > UNIX_EPOCH + Duration::from_millis(self.expires_ms)
     }
 
     /// The one block its handle names (with one address), if so.
@@ -143,21 +146,10 @@ impl Intents {
             .path(&intent.handle_name)
             .ok_or_else(|| std::io::Error::other("not a handle name"))?;
         let bytes = serde_json::to_vec(intent).map_err(std::io::Error::other)?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)?;
         let part = self
             .dir
             .join(format!(".{}.{}", std::process::id(), intent.handle_name));
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .mode(0o600)
-            .open(&part)?;
-        file.write_all(&bytes)?;
-        std::fs::rename(&part, &path)
+        write_whole(&self.dir, &part, &path, &bytes)
     }
 
     /// Writes these intents (a holder's record of what it did).
@@ -185,13 +177,29 @@ impl Intents {
             let Ok(entries) = std::fs::read_dir(&me.dir) else {
                 return Vec::new();
             };
-            entries
-                .flatten()
-                .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
-                .filter_map(|e| std::fs::read(e.path()).ok())
-                .filter_map(|bytes| serde_json::from_slice::<Intent>(&bytes).ok())
-                .filter(|i| i.datastore == me.datastore && i.live(now))
-                .collect::<Vec<_>>()
+            let mut live = Vec::new();
+            for entry in entries.flatten() {
+                if entry.file_name().as_encoded_bytes().starts_with(b".") {
+                    continue;
+                }
+                let Ok(bytes) = std::fs::read(entry.path()) else {
+                    continue;
+                };
+                let Ok(intent) = serde_json::from_slice::<Intent>(&bytes) else {
+                    continue;
+                };
+                if intent.datastore != me.datastore {
+                    continue;
+                }
+                if intent.live(now) {
+                    live.push(intent);
+                } else if intent.expired(now) {
+                    // Its call is past its deadline (killed, or gone on
+                    // without the lock): never served, the file goes.
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+            live
         })
         .await
         .unwrap_or_default();
@@ -216,11 +224,6 @@ impl Intents {
         .await
         .flatten()
     }
-}
-
-/// File work off the runtime's thread; `None` if the task was lost.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    tokio::task::spawn_blocking(work).await.ok()
 }
 
 #[cfg(test)]
@@ -264,7 +267,7 @@ mod tests {
                 intent(
                     "k8s-pod-network.expired",
                     "k8s a",
-                    expiry_in(Duration::ZERO),
+                    expiry_in(Duration::ZERO) - 1000,
                 ),
             ])
             .await;
@@ -275,6 +278,14 @@ mod tests {
             .map(|i| i.handle_id)
             .collect();
         assert_eq!(waiting, ["k8s-pod-network.a", "k8s-pod-network.b"]);
+        // An expired one is removed as it is seen; another datastore's is
+        // left to its own holders.
+        assert!(intents.take("k8s-pod-network.expired").await.is_none());
+        assert!(
+            dir.path()
+                .join("ipam.lock.intents/k8s-pod-network.other")
+                .exists()
+        );
         let a = intents.take("k8s-pod-network.a").await.expect("posted");
         assert_eq!(a.block(), Some("10.0.0.0/26".parse().unwrap()));
         assert!(intents.take("k8s-pod-network.a").await.is_none());
