@@ -1033,7 +1033,7 @@ impl<'a> Allocator<'a> {
                 // transaction (until a write with them fails: one of their
                 // handles may exist, a retried ADD's).
                 let mut group = match (candidate, grouping) {
-                    (Candidate::Borrowed, _) | (_, false) => group_commit::Group::default(),
+                    (Candidate::Borrowed, _) | (_, false) => Vec::new(),
                     _ => self.gather(&blk, cidr, req, reserved).await,
                 };
                 Self::assign_group(&mut blk, cidr, &mut group, reserved);
@@ -1066,7 +1066,7 @@ impl<'a> Allocator<'a> {
             // can take as well, their handles written beside this one's.
             let gather = async {
                 match candidate {
-                    Candidate::Borrowed => group_commit::Group::default(),
+                    Candidate::Borrowed => Vec::new(),
                     _ => self.gather(&blk, cidr, req, reserved).await,
                 }
             };

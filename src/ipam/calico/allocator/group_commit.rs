@@ -11,18 +11,11 @@ use tokio::time::Instant;
 use super::super::intents::{Intent, Intents, State, expiry_in};
 use super::super::lock::Post;
 use super::{Allocator, Assigned, AutoAssign, IpamError, new_handle, with_prefixes};
-use crate::datastore::ipam_model::{IpamBlock, handle_name_on};
+use crate::datastore::ipam_model::{IpamBlock, IpamHandle, handle_name_on};
 use crate::datastore::{DatastoreError, Write};
 
 /// The most waiting calls one block write serves.
 const GROUP_MAX: usize = 32;
-
-/// The intents one block write serves: those whose handle already named
-/// the block, and those whose handle it had to be made to name.
-#[derive(Default)]
-pub(super) struct Group {
-    pub(super) intents: Vec<Intent>,
-}
 
 impl<'a> Allocator<'a> {
     /// What this call posts if it has to wait for the host lock: its
@@ -63,7 +56,7 @@ impl<'a> Allocator<'a> {
         }
         let intents = Intents::new(lock_file, datastore);
         let name = intent.handle_name.clone();
-        *self.posted_to.lock().unwrap_or_else(|p| p.into_inner()) = Some((intents.clone(), name));
+        *self.posted_slot() = Some((intents.clone(), name));
         Some(Box::new(move || match intents.write_now(&intent) {
             Ok(()) => true,
             Err(e) => {
@@ -81,10 +74,7 @@ impl<'a> Allocator<'a> {
         }
         self.posted.store(posted, Ordering::Relaxed);
         if !posted {
-            self.posted_to
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            self.posted_slot().take();
         }
     }
 
@@ -96,19 +86,11 @@ impl<'a> Allocator<'a> {
     pub async fn served(&self, req: &AutoAssign<'_>) -> Result<Option<Assigned>, IpamError> {
         // (Left in place until the intent is taken: a call cancelled
         // meanwhile withdraws it.)
-        let Some((intents, name)) = self
-            .posted_to
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        else {
+        let Some((intents, name)) = self.posted_slot().clone() else {
             return Ok(None);
         };
         let taken = intents.take(&name).await;
-        self.posted_to
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.posted_slot().take();
         let Some(intent) = taken else {
             return Ok(None);
         };
@@ -134,7 +116,12 @@ impl<'a> Allocator<'a> {
         Ok(None)
     }
 
-    fn set_ahead_handle(&self, handle: Option<crate::datastore::ipam_model::IpamHandle>) {
+    /// Where this call's intent went, until it takes it back.
+    fn posted_slot(&self) -> std::sync::MutexGuard<'_, Option<(Intents, String)>> {
+        self.posted_to.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_ahead_handle(&self, handle: Option<IpamHandle>) {
         *self.ahead_handle.lock().unwrap_or_else(|p| p.into_inner()) = handle;
     }
 
@@ -143,12 +130,7 @@ impl<'a> Allocator<'a> {
     /// may have served it, so the handle is kept for the DEL that follows
     /// a failed ADD).
     pub(super) async fn withdraw_intent(&self) -> bool {
-        let Some((intents, name)) = self
-            .posted_to
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        else {
+        let Some((intents, name)) = self.posted_slot().take() else {
             return self.posted.load(Ordering::Relaxed);
         };
         intents.take(&name).await;
@@ -201,13 +183,13 @@ impl<'a> Allocator<'a> {
         cidr: &IpNet,
         req: &AutoAssign<'_>,
         reserved: &(dyn Fn(IpAddr) -> bool + Sync),
-    ) -> Group {
+    ) -> Vec<Intent> {
         let Some(intents) = self.intents.get() else {
-            return Group::default();
+            return Vec::new();
         };
         let room = super::block::free_count(&blk.spec, cidr, reserved).min(GROUP_MAX);
         if room == 0 {
-            return Group::default();
+            return Vec::new();
         }
         let v6 = cidr.addr().is_ipv6();
         let pools = if v6 { req.pools6 } else { req.pools4 };
@@ -230,12 +212,12 @@ impl<'a> Allocator<'a> {
             .collect();
         if together {
             // Their handles are created in the block's transaction.
-            return Group { intents: chosen };
+            return chosen;
         }
         let (mut renamed, same): (Vec<Intent>, Vec<Intent>) =
             chosen.drain(..).partition(|i| i.block() != Some(*cidr));
         if renamed.is_empty() {
-            return Group { intents: same };
+            return same;
         }
         // Recorded as being written first: a holder stopped half way
         // leaves the waiter reading its handle again.
@@ -268,7 +250,7 @@ impl<'a> Allocator<'a> {
         intents.write(renamed.clone()).await;
         let mut all = same;
         all.extend(renamed);
-        Group { intents: all }
+        all
     }
 
     /// Assigns the group's addresses in `blk` (each intent's one), keeping
@@ -276,10 +258,10 @@ impl<'a> Allocator<'a> {
     pub(super) fn assign_group(
         blk: &mut IpamBlock,
         cidr: &IpNet,
-        group: &mut Group,
+        group: &mut Vec<Intent>,
         reserved: &(dyn Fn(IpAddr) -> bool + Sync),
     ) {
-        group.intents.retain(|i| {
+        group.retain(|i| {
             !super::block::assign(&mut blk.spec, cidr, 1, &i.handle_id, &i.attrs, reserved)
                 .is_empty()
         });
@@ -287,9 +269,11 @@ impl<'a> Allocator<'a> {
 
     /// The group's handles, where they are written with the block (one
     /// transaction): each created naming `cidr` once.
-    pub(super) fn group_handles(group: &Group, cidr: &IpNet) -> Result<Vec<Write>, DatastoreError> {
+    pub(super) fn group_handles(
+        group: &[Intent],
+        cidr: &IpNet,
+    ) -> Result<Vec<Write>, DatastoreError> {
         group
-            .intents
             .iter()
             .map(|i| Write::create(&mut new_handle(&i.handle_name, &i.handle_id, cidr, 1)))
             .collect()
@@ -297,16 +281,15 @@ impl<'a> Allocator<'a> {
 
     /// Records the group as served (its block write succeeded): each
     /// intent's handle as written, naming `cidr`.
-    pub(super) async fn record_served(&self, group: Group, cidr: &IpNet) {
+    pub(super) async fn record_served(&self, group: Vec<Intent>, cidr: &IpNet) {
         let Some(intents) = self.intents.get() else {
             return;
         };
-        if group.intents.is_empty() {
+        if group.is_empty() {
             return;
         }
-        tracing::debug!(served = group.intents.len(), "served waiting calls");
+        tracing::debug!(served = group.len(), "served waiting calls");
         let served = group
-            .intents
             .into_iter()
             .map(|mut i| {
                 if i.handle.is_none() {
