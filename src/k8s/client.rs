@@ -621,6 +621,16 @@ impl K8sClient {
                     }
                     Err(self.map_err(what, kube::Error::Api(status)))
                 }
+                // A read whose connection failed under it (closed by the
+                // server as another request on it was refused, say) is
+                // sent again once, on a new connection: it changes
+                // nothing, so a second send is safe.
+                Ok(Err(kube::Error::Service(e)))
+                    if request.method() == http::Method::GET && attempt == 1 =>
+                {
+                    tracing::debug!("{what}: the connection failed ({e}); sending again");
+                    continue;
+                }
                 Ok(Err(e)) => Err(self.map_err(what, e)),
             };
         }
