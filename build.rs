@@ -3,7 +3,9 @@
 //! A CNI plugin is a short-lived process whose resident set is mostly the
 //! text pages its code touches, so the functions an invocation runs are
 //! packed together at the start of .text (link/symbol-order.txt, made by
-//! scripts/symbol-order.sh; rustc links this target with its bundled lld).
+//! scripts/symbol-order.sh). The order needs lld: on the musl target rustc
+//! links with the C compiler's default linker, so this link is pointed at
+//! the lld rustc ships (the `gcc-ld` wrapper beside rust-lld).
 //! The binary is stripped here rather than by the profile, whose settings
 //! are part of every symbol's hash: scripts/symbol-order.sh builds with
 //! `CALICO_LINK_KEEP_SYMBOLS=1` and sees exactly the names this link orders.
@@ -18,9 +20,19 @@ fn main() {
     println!("cargo::rerun-if-changed={}", order.display());
     println!("cargo::rerun-if-env-changed=CALICO_LINK_KEEP_SYMBOLS");
     let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
-    let lld = std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu");
+    let target = std::env::var("TARGET").unwrap_or_default();
+    let lld = target == "x86_64-unknown-linux-gnu" || target == "x86_64-unknown-linux-musl";
     if !release {
         return;
+    }
+    if target.ends_with("-musl") {
+        if let Some(gcc_ld) = rust_lld_wrapper() {
+            println!("cargo::rustc-link-arg-bin=calico=-fuse-ld=lld");
+            println!("cargo::rustc-link-arg-bin=calico=-B{}", gcc_ld.display());
+        } else {
+            println!("cargo::warning=rust-lld not found: the symbol order is not applied");
+            return;
+        }
     }
     if lld && order.exists() {
         println!(
@@ -45,4 +57,21 @@ fn main() {
     if std::env::var_os("CALICO_LINK_KEEP_SYMBOLS").is_none() {
         println!("cargo::rustc-link-arg-bin=calico=-Wl,--strip-all");
     }
+}
+
+/// The directory of rustc's `ld.lld` wrapper (it runs the toolchain's
+/// rust-lld), for the C compiler driver's `-B`.
+fn rust_lld_wrapper() -> Option<std::path::PathBuf> {
+    let rustc = std::env::var_os("RUSTC")?;
+    let out = std::process::Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()?;
+    let sysroot = String::from_utf8(out.stdout).ok()?;
+    let host = std::env::var("HOST").ok()?;
+    let dir = std::path::Path::new(sysroot.trim())
+        .join("lib/rustlib")
+        .join(host)
+        .join("bin/gcc-ld");
+    dir.join("ld.lld").exists().then_some(dir)
 }

@@ -38,7 +38,7 @@ bin=$(bash scripts/peers.sh --print-bin)
 
 eval "$(bash scripts/testbed.sh env)"
 if [ -z "${TESTBED_NODE:-}" ]; then
-  [ -x target/x86_64-unknown-linux-gnu/debug/calico ] || [ -n "${CALICO_BIN:-}" ] ||
+  [ -x target/x86_64-unknown-linux-musl/debug/calico ] || [ -n "${CALICO_BIN:-}" ] ||
     cargo build --features fault-injection
   bash scripts/testbed.sh up --node
   eval "$(bash scripts/testbed.sh env)"

@@ -32,7 +32,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR=target/symbol-order
-bin=$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/calico
+bin=$CARGO_TARGET_DIR/x86_64-unknown-linux-musl/release/calico
 order=link/symbol-order.txt
 
 # One invocation, run by WRAPPER... (valgrind, or nothing); stdout to $work/out.
@@ -80,7 +80,7 @@ workloads() { # rounds wrapper...
 # row and a burst of 2. The bench's plain rows run too (on $bin), briefly.
 remote() { # [wrapper-dir]
   [ -n "${TESTBED_API:-}" ] || return 0
-  CALICO_BIN=$(realpath "${1:-$(dirname "$bin")}")/calico "$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/examples/bench" \
+  CALICO_BIN=$(realpath "${1:-$(dirname "$bin")}")/calico "$CARGO_TARGET_DIR/x86_64-unknown-linux-musl/release/examples/bench" \
     --n 2 --conc 1 --datastores 2,2 --only ours >"$work/bench.out" 2>&1 ||
     { echo "the bench's datastore rows failed:" >&2; tail -20 "$work/bench.out" >&2; exit 1; }
 }

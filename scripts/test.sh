@@ -14,7 +14,10 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping containernetworking-plugins time sqlite3 \
-  openssl curl jq runc iptables strace netcat-openbsd >/dev/null
+  openssl curl jq runc iptables strace netcat-openbsd musl-tools >/dev/null
+# The build's target (.cargo/config.toml): the musl std, once per toolchain.
+rustup target list --installed | grep -qx x86_64-unknown-linux-musl ||
+  rustup target add x86_64-unknown-linux-musl
 bash scripts/install-cnitool.sh
 
 bash scripts/peers.sh --e2e

@@ -87,7 +87,7 @@ node_not_ready_for_pool() {
 # (CALICO_BIN, default the debug build), calico-ipam and install as links,
 # portmap and loopback; install is the entrypoint.
 node_cni_image() {
-  local calico=${CALICO_BIN:-$root/target/x86_64-unknown-linux-gnu/debug/calico}
+  local calico=${CALICO_BIN:-$root/target/x86_64-unknown-linux-musl/debug/calico}
   [ -x "$calico" ] || die "no plugin binary at $calico (build it, or set CALICO_BIN)"
   local r
   r=$(mktemp -d)

@@ -23,6 +23,14 @@ fn print(exit: &Exit) {
     let _ = std::io::stderr().write_all(exit.stderr.as_bytes());
 }
 
+#[cfg(target_env = "musl")]
+mod musl_heap;
+
+/// One heap for Rust and C on musl, the release target (src/musl_heap.rs).
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: musl_heap::MuslHeap = musl_heap::MuslHeap;
+
 /// What std's start-up does that this process relies on: a write to a
 /// closed pipe fails with EPIPE rather than killing the process, and file
 /// descriptors 0-2 are open (else the first file opened, the datastore's,
@@ -49,12 +57,25 @@ fn start_up() {
         // One malloc arena: the call's few threads (blocking pool, netns)
         // run one after another, and each thread's own arena costs a 64 MB
         // mapping grown page by page (≈60 page faults a call).
+        #[cfg(target_env = "gnu")]
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 
+/// The process's arguments, as the C runtime gave them to `main`.
+fn arguments(argc: libc::c_int, argv: *const *const libc::c_char) -> Vec<String> {
+    (0..usize::try_from(argc).unwrap_or(0))
+        .map(|i| {
+            // SAFETY: the C runtime passes argc NUL-terminated strings in
+            // argv, alive for the whole process.
+            let arg = unsafe { std::ffi::CStr::from_ptr(*argv.add(i)) };
+            arg.to_string_lossy().into_owned()
+        })
+        .collect()
+}
+
 #[unsafe(no_mangle)]
-extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc::c_int {
     start_up();
     // A panic is a bug, but the runtime still gets a CNI error on stdout,
     // never a bare backtrace (release builds abort on panic, so the answer
@@ -65,11 +86,10 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
         print(&Exit::error(&err, CURRENT));
         std::process::exit(1);
     }));
-    // Neither argv nor the environment is trusted to be UTF-8. (std has
-    // argv from glibc's start-up even without its own.)
-    let args: Vec<String> = std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    // Neither argv nor the environment is trusted to be UTF-8. argv is read
+    // from main's arguments: std keeps its own copy only when its start-up
+    // runs, or on glibc.
+    let args = arguments(argc, argv);
     let exit = match vars_from_os(std::env::vars_os()) {
         Ok(vars) => app::run(&args, vars, &mut std::io::stdin().lock()),
         Err(e) => Exit::error(&e, CURRENT),

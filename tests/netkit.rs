@@ -162,7 +162,9 @@ fn netkit_falls_back_to_veth_on_a_kernel_without_it() {
     let log = std::fs::read_to_string(s.dir.path().join("log/cni.log")).unwrap();
     assert!(
         log.contains("netkit not supported on this kernel; falling back to veth")
-            && log.contains("Operation not supported"),
+            // EOPNOTSUPP, whose words are the libc's ("Operation not
+            // supported" on glibc, "Not supported" on musl).
+            && log.contains("(os error 95)"),
         "{log}"
     );
 }

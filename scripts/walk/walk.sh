@@ -46,15 +46,15 @@ admin POST "/api/v1/namespaces/$ns/pods" \
   "{\"metadata\":{\"name\":\"pod1\",\"labels\":{\"app\":\"walk\"}},\"spec\":{\"nodeName\":\"$node\",\"containers\":[{\"name\":\"c\",\"image\":\"i\"}]}}"
 ip netns add "$netns"
 mkdir -p "$work/bin"
-ln -s "$root/target/x86_64-unknown-linux-gnu/debug/calico" "$work/bin/calico"
-ln -s "$root/target/x86_64-unknown-linux-gnu/debug/calico" "$work/bin/calico-ipam"
+ln -s "$root/target/x86_64-unknown-linux-musl/debug/calico" "$work/bin/calico"
+ln -s "$root/target/x86_64-unknown-linux-musl/debug/calico" "$work/bin/calico-ipam"
 jq -n --arg node "$node" --arg kc "$CALICO_CNI_KUBECONFIG" --arg dir "$work" '{
   cniVersion: "1.0.0", name: "k8s-pod-network", type: "calico", nodename: $node,
   datastore_type: "kubernetes", kubernetes: {kubeconfig: $kc}, policy: {type: "k8s"},
   log_file_path: ($dir + "/cni.log"), mtu_file: ($dir + "/mtu"), ipam_lock_file: ($dir + "/ipam.lock"),
   release_queue_dir: ($dir + "/queue"), ipam: {type: "calico-ipam"}}' >"$work/conf.json"
 export WALK_OUT=$work/calls.jsonl WALK_STDIN=$work/conf.json WALK_SYMBOLS=$work/symbols
-nm -C --defined-only "$root/target/x86_64-unknown-linux-gnu/debug/calico" >"$WALK_SYMBOLS"
+nm -C --defined-only "$root/target/x86_64-unknown-linux-musl/debug/calico" >"$WALK_SYMBOLS"
 env -i PATH="$PATH" WALK_OUT="$WALK_OUT" WALK_STDIN="$WALK_STDIN" WALK_SYMBOLS="$WALK_SYMBOLS" \
   CNI_COMMAND=ADD CNI_CONTAINERID="0123456789$tag" CNI_NETNS="/var/run/netns/$netns" CNI_IFNAME=eth0 \
   CNI_PATH="$work/bin" CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=$ns;K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID=0123456789$tag" \
