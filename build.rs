@@ -21,19 +21,29 @@ fn main() {
     println!("cargo::rerun-if-env-changed=CALICO_LINK_KEEP_SYMBOLS");
     let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
     let target = std::env::var("TARGET").unwrap_or_default();
-    let lld = target == "x86_64-unknown-linux-gnu" || target == "x86_64-unknown-linux-musl";
     if !release {
         return;
     }
-    if target.ends_with("-musl") {
-        if let Some(gcc_ld) = rust_lld_wrapper() {
-            println!("cargo::rustc-link-arg-bin=calico=-fuse-ld=lld");
-            println!("cargo::rustc-link-arg-bin=calico=-B{}", gcc_ld.display());
-        } else {
-            println!("cargo::warning=rust-lld not found: the symbol order is not applied");
-            return;
+    // Whether lld links the binary: rustc's default on x86_64 glibc; on
+    // musl the lld rustc ships, where found (the C driver's default
+    // linker knows no order file).
+    let lld = if target == "x86_64-unknown-linux-gnu" {
+        true
+    } else if target.ends_with("-musl") {
+        match rust_lld_wrapper() {
+            Some(gcc_ld) => {
+                println!("cargo::rustc-link-arg-bin=calico=-fuse-ld=lld");
+                println!("cargo::rustc-link-arg-bin=calico=-B{}", gcc_ld.display());
+                true
+            }
+            None => {
+                println!("cargo::warning=rust-lld not found: the symbol order is not applied");
+                false
+            }
         }
-    }
+    } else {
+        false
+    };
     if lld && order.exists() {
         println!(
             "cargo::rustc-link-arg-bin=calico=-Wl,--symbol-ordering-file={}",

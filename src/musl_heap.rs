@@ -3,7 +3,8 @@
 //!
 //! musl's own malloc takes a global lock on every call and maps and unmaps
 //! memory as its size-class groups fill and empty (84 mmaps and 65 munmaps
-//! in one ADD with Rust's allocations on it; 38 and 31 with SQLite's alone);
+//! in one ADD with Rust's allocations on it; 39 and 31, thread stacks
+//! included, with C's alone);
 //! mimalloc gives each thread pages of its own per size class (430 page
 //! faults an ADD against glibc's 200). dlmalloc grows one heap, as glibc's
 //! malloc does with one arena (BENCHMARKS.md, session 21). musl lets a
@@ -60,38 +61,40 @@ unsafe impl GlobalAlloc for MuslHeap {
     }
 }
 
-fn no_memory() {
+/// Sets this thread's errno.
+fn set_errno(code: c_int) {
     // SAFETY: errno is this thread's.
-    unsafe { *libc::__errno_location() = libc::ENOMEM };
+    unsafe { *libc::__errno_location() = code };
 }
+
+/// A C allocation's answer: `ptr`, with errno set to ENOMEM when it is null.
+fn or_enomem(ptr: *mut u8) -> *mut c_void {
+    if ptr.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    ptr.cast()
+}
+
+/// The alignment of every `malloc`: two words, as C requires.
+const MALLOC_ALIGN: usize = 2 * std::mem::size_of::<usize>();
 
 /// C's `malloc`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     // SAFETY: any size is accepted; the pointer is C's to free.
-    let ptr = unsafe { heap().0.c_malloc(size) };
-    if ptr.is_null() {
-        no_memory();
-    }
-    ptr.cast()
+    or_enomem(unsafe { heap().0.c_malloc(size) })
 }
 
 /// C's `calloc`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else {
-        no_memory();
+        set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    // SAFETY: as malloc; the memory is cleared before it is returned.
-    let ptr = unsafe { heap().0.c_malloc(total) };
-    if ptr.is_null() {
-        no_memory();
-    } else {
-        // SAFETY: `total` bytes were just allocated at `ptr`.
-        unsafe { std::ptr::write_bytes(ptr, 0, total) };
-    }
-    ptr.cast()
+    // SAFETY: dlmalloc's pointers from its layout API and its C API are
+    // one heap's: `free` takes either. The memory comes back cleared.
+    or_enomem(unsafe { heap().0.calloc(total, MALLOC_ALIGN) })
 }
 
 /// C's `realloc`.
@@ -99,11 +102,7 @@ pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: a non-null `ptr` came from this heap (every allocation
     // function a C caller can reach is replaced here).
-    let new = unsafe { heap().0.c_realloc(ptr.cast(), size) };
-    if new.is_null() {
-        no_memory();
-    }
-    new.cast()
+    or_enomem(unsafe { heap().0.c_realloc(ptr.cast(), size) })
 }
 
 /// C's `free`.
@@ -117,16 +116,11 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
     if !align.is_power_of_two() {
-        // SAFETY: errno is this thread's.
-        unsafe { *libc::__errno_location() = libc::EINVAL };
+        set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
     // SAFETY: `align` is a power of two.
-    let ptr = unsafe { heap().0.c_memalign(align, size) };
-    if ptr.is_null() {
-        no_memory();
-    }
-    ptr.cast()
+    or_enomem(unsafe { heap().0.c_memalign(align, size) })
 }
 
 /// C's `memalign`.
