@@ -5,11 +5,13 @@
 //! with the config it is handed (and `IP=` for an explicit address).
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::Value;
 use tokio::time::Instant;
 
+use super::calico::lock;
 use super::calico::verbs::{self, Call};
 use super::{Ahead, Ipam, Owner, Pending, Setup};
 use crate::cni::env::{CniEnv, Command};
@@ -25,6 +27,9 @@ pub struct InProcessIpam {
     setup: Setup,
     store: Arc<dyn Store>,
     deadline: Instant,
+    /// The host lock's file (`ipam_lock_file`), opened with the reads
+    /// ahead.
+    lock_file: PathBuf,
 }
 
 impl InProcessIpam {
@@ -41,6 +46,7 @@ impl InProcessIpam {
             setup,
             store,
             deadline,
+            lock_file: lock::lock_path(&req.conf.ipam_lock_file),
         }
     }
 
@@ -90,17 +96,18 @@ impl Ipam for InProcessIpam {
         let store = Arc::clone(&self.store);
         let host = self.setup.host.clone();
         let deadline = self.deadline;
+        let lock_file = self.lock_file.clone();
         let ahead = match command {
             Command::Add => {
                 let families = self.families;
                 Ahead::Assignment(tokio::spawn(read_ahead(deadline, async move {
-                    verbs::read_add(store.as_ref(), &host, families).await
+                    verbs::read_add(store.as_ref(), &host, families, lock_file).await
                 })))
             }
             Command::Del => {
                 let handles = verbs::release_handles(&self.network, &self.env);
                 Ahead::Release(tokio::spawn(read_ahead(deadline, async move {
-                    verbs::read_release(store.as_ref(), &host, &handles).await
+                    verbs::read_release(store.as_ref(), &host, &handles, lock_file).await
                 })))
             }
             _ => return Ok(Pending::none()),
@@ -165,6 +172,7 @@ impl Ipam for InProcessIpam {
             setup: self.setup.clone(),
             store,
             deadline,
+            lock_file: self.lock_file.clone(),
         })
     }
 }

@@ -134,10 +134,15 @@ pub struct Setup {
 }
 
 /// The IPAM of `req` bounded by `deadline`: calico-ipam in this process
-/// when it is this executable (`store` must be open), else the plugin
-/// exec'd.
-pub fn open(req: &Request, setup: Setup, deadline: Instant) -> Result<Arc<dyn Ipam>> {
-    if runs_in_process(&req.conf, &req.env.path) {
+/// when `in_process` (what [`runs_in_process`] said; `store` must be open),
+/// else the plugin exec'd.
+pub fn open(
+    req: &Request,
+    setup: Setup,
+    in_process: bool,
+    deadline: Instant,
+) -> Result<Arc<dyn Ipam>> {
+    if in_process {
         let store = setup.store.get().cloned().ok_or_else(|| {
             crate::cni::Error::Internal("calico-ipam in process needs the datastore".into())
         })?;

@@ -241,8 +241,8 @@ impl Context {
     pub async fn ipam(&self) -> Result<&Arc<dyn Ipam>> {
         self.ipam
             .get_or_try_init(|| async {
-                let namespaces = if crate::ipam::runs_in_process(&self.req.conf, &self.req.env.path)
-                {
+                let in_process = crate::ipam::runs_in_process(&self.req.conf, &self.req.env.path);
+                let namespaces = if in_process {
                     self.datastore().await?.namespaces.clone()
                 } else {
                     self.datastore.get().and_then(|d| d.namespaces.clone())
@@ -260,7 +260,7 @@ impl Context {
                     namespace_labels: Arc::clone(&self.namespace_labels),
                     kube,
                 };
-                crate::ipam::open(&self.req, setup, self.deadline())
+                crate::ipam::open(&self.req, setup, in_process, self.deadline())
             })
             .await
     }

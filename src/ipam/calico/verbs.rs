@@ -97,14 +97,24 @@ pub struct ReleaseInputs {
     config: IpamConfigSpec,
     names: [String; 2],
     handles: [Option<IpamHandle>; 2],
+    /// The host lock's file, opened meanwhile ([`lock::open_ahead`]).
+    lock: Option<std::fs::File>,
 }
 
+/// [`ReleaseInputs`] read, and the host lock's file (`lock_file`) opened,
+/// at once.
 pub async fn read_release(
     store: &dyn Store,
     host: &str,
     names: &[String; 2],
+    lock_file: PathBuf,
 ) -> std::result::Result<ReleaseInputs, IpamError> {
-    ReleaseInputs::read(&Allocator::new(store, host), names).await
+    let allocator = Allocator::new(store, host);
+    let (read, lock) = tokio::join!(
+        ReleaseInputs::read(&allocator, names),
+        lock::open_ahead(lock_file)
+    );
+    Ok(ReleaseInputs { lock, ..read? })
 }
 
 /// What an ADD can read before anything else about the call is known
@@ -116,12 +126,17 @@ pub struct AddInputs {
     families: (usize, usize),
     inputs: super::allocator::Inputs,
     node_labels: Option<BTreeMap<String, String>>,
+    /// The host lock's file, opened meanwhile ([`lock::open_ahead`]).
+    lock: Option<std::fs::File>,
 }
 
+/// [`AddInputs`] read, and the host lock's file (`lock_file`) opened, at
+/// once.
 pub async fn read_add(
     store: &dyn Store,
     host: &str,
     families: (usize, usize),
+    lock_file: PathBuf,
 ) -> std::result::Result<AddInputs, IpamError> {
     let labels = NodeLabels {
         store,
@@ -138,11 +153,13 @@ pub async fn read_add(
         max_blocks: 0,
         labels: &labels,
     };
-    let inputs = Allocator::new(store, host).read_ahead(&auto).await?;
+    let allocator = Allocator::new(store, host);
+    let (inputs, lock) = tokio::join!(allocator.read_ahead(&auto), lock::open_ahead(lock_file));
     Ok(AddInputs {
         families,
-        inputs,
+        inputs: inputs?,
         node_labels: labels.node.get().cloned(),
+        lock,
     })
 }
 
@@ -171,6 +188,7 @@ impl ReleaseInputs {
             config,
             names: names.clone(),
             handles: [current, legacy],
+            lock: None,
         })
     }
 }
@@ -381,7 +399,8 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
 pub async fn add_from(call: &Call, req: &Request, early: Option<AddInputs>) -> Result<CniResult> {
     check_identifiers(req, &call.host)?;
     let (num4, num6) = families(&req.conf);
-    let early = early.filter(|e| e.families == (num4, num6));
+    let mut early = early.filter(|e| e.families == (num4, num6));
+    let opened = early.as_mut().and_then(|e| e.lock.take());
     let mut allocator = Allocator::new(call.store.as_ref(), &call.host);
     if let Some(e) = &early {
         allocator = allocator.with_config(e.inputs.config().clone());
@@ -439,7 +458,7 @@ pub async fn add_from(call: &Call, req: &Request, early: Option<AddInputs>) -> R
             Some(_) => allocator.intent_post(&auto, &lock_file, call.deadline),
             None => None,
         };
-        let lock = lock::acquire_posting(&lock_file, call.deadline, post).await;
+        let lock = lock::acquire_posting(&lock_file, call.deadline, post, opened).await;
         allocator.use_block_cache(lock.block_cache(call.store.identity()));
         allocator.use_intents(lock.intents(call.store.identity()), lock.posted());
         if let Some(vm) = &vm {
@@ -531,7 +550,8 @@ pub async fn del_from(call: &Call, req: &Request, ahead: Option<ReleaseInputs>) 
     check_identifiers(req, &call.host)?;
     let mut allocator = Allocator::new(call.store.as_ref(), &call.host);
     let handles = release_handles(&req.conf.name, &req.env);
-    let ahead = ahead.filter(|a| a.names == handles);
+    let mut ahead = ahead.filter(|a| a.names == handles);
+    let opened = ahead.as_mut().and_then(|a| a.lock.take());
     if let Some(a) = &ahead {
         allocator = allocator.with_config(a.config.clone());
     }
@@ -552,7 +572,7 @@ pub async fn del_from(call: &Call, req: &Request, ahead: Option<ReleaseInputs>) 
                 .handles
                 .map(Some),
         };
-        let lock = lock::acquire(&lock_file, call.deadline).await;
+        let lock = lock::acquire(&lock_file, call.deadline, opened).await;
         allocator.use_block_cache(lock.block_cache(call.store.identity()));
         // An intent its ADD left (it gave up waiting) is served no more.
         allocator.use_intents(lock.intents(call.store.identity()), false);
@@ -657,7 +677,7 @@ pub async fn gc(call: &Call, req: &Request) -> Result<()> {
     let allocator = Allocator::new(call.store.as_ref(), &call.host);
     let lock_file = lock::lock_path(&req.conf.ipam_lock_file);
     let work = async {
-        let lock = lock::acquire(&lock_file, call.deadline).await;
+        let lock = lock::acquire(&lock_file, call.deadline, None).await;
         let mut handles = allocator.host_handles(&prefix).await?;
         // With the lock held no call of this host is between its handle
         // and its block write, but for one that wrote its handle ahead of
