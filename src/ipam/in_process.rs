@@ -117,9 +117,11 @@ impl Ipam for InProcessIpam {
 
     async fn add(&self, config: &Value, mut pending: Pending) -> Result<CniResult> {
         let req = self.request(Command::Add, config, None)?;
-        let early = match pending.1 {
-            Some(Ahead::Assignment(ref mut reads)) => reads.await.ok().flatten(),
-            _ => None,
+        let early = async move {
+            match pending.1 {
+                Some(Ahead::Assignment(ref mut reads)) => reads.await.ok().flatten(),
+                _ => None,
+            }
         };
         verbs::add_from(&self.call(), &req, early).await
     }

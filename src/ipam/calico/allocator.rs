@@ -291,8 +291,14 @@ impl<'a> Allocator<'a> {
 
     /// The allocator with IPAMConfig as already read.
     pub fn with_config(self, config: IpamConfigSpec) -> Allocator<'a> {
-        let _ = self.config.set(config);
+        self.use_config(config);
         self
+    }
+
+    /// [`Allocator::with_config`] on a shared allocator (before its first
+    /// read of IPAMConfig: a config already read stays).
+    pub fn use_config(&self, config: IpamConfigSpec) {
+        let _ = self.config.set(config);
     }
 
     fn affinity_value(&self) -> String {

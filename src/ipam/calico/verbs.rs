@@ -391,21 +391,41 @@ fn attributes(call: &Call, req: &Request, vm: Option<&VmiInfo>) -> BTreeMap<Stri
 /// host route until the migration completes); a target whose VM has no
 /// address is refused.
 pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
-    add_from(call, req, None).await
+    add_from(call, req, std::future::ready(None)).await
 }
 
-/// [`add`] from what [`read_add`] read early (`None`: read now; reads of
-/// other families than this request's are read again).
-pub async fn add_from(call: &Call, req: &Request, early: Option<AddInputs>) -> Result<CniResult> {
+/// [`add`] from what [`read_add`] reads early (`None`: read now; reads of
+/// other families than this request's are read again). An automatic
+/// assignment writes its handle ahead of the lock while it waits for those
+/// reads (a pool's node selector can leave the node's read still going
+/// when the call gets here: one round trip fewer on its path).
+pub async fn add_from(
+    call: &Call,
+    req: &Request,
+    early: impl std::future::Future<Output = Option<AddInputs>>,
+) -> Result<CniResult> {
     check_identifiers(req, &call.host)?;
     let (num4, num6) = families(&req.conf);
-    let mut early = early.filter(|e| e.families == (num4, num6));
-    let opened = early.as_mut().and_then(|e| e.lock.take());
-    let mut allocator = Allocator::new(call.store.as_ref(), &call.host);
-    if let Some(e) = &early {
-        allocator = allocator.with_config(e.inputs.config().clone());
-    }
+    let allocator = Allocator::new(call.store.as_ref(), &call.host);
+    let labels = Labels::new(call, req);
+    // What was read early, if for this request's families: its IPAMConfig
+    // and the node's labels handed on, its inputs and the lock's file
+    // returned.
+    let settle = |early: Option<AddInputs>| {
+        let mut early = early.filter(|e| e.families == (num4, num6))?;
+        allocator.use_config(early.inputs.config().clone());
+        if let Some(node) = early.node_labels.take() {
+            labels.seed_node(node);
+        }
+        Some((early.inputs, early.lock.take()))
+    };
     let mut vm = vm_of(call, req, false).await?;
+    // An automatic assignment takes what was read early below; any other
+    // needs it now (a VM's IPAMConfig).
+    let (mut early, mut settled) = match vm.is_none() && req.env.args.ip.is_none() {
+        true => (Some(early), None),
+        false => (None, settle(early.await)),
+    };
     if vm.is_some() && !allocator.config().await?.kubevirt_persistence() {
         if vm.as_ref().is_some_and(VmiInfo::is_migration_target) {
             return Err(Error::ipam(
@@ -420,10 +440,6 @@ pub async fn add_from(call: &Call, req: &Request, early: Option<AddInputs>) -> R
     };
     let attrs = attributes(call, req, vm.as_ref());
     let ipam = &req.conf.ipam;
-    let labels = Labels::new(call, req);
-    if let Some(node) = early.as_ref().and_then(|e| e.node_labels.clone()) {
-        labels.seed_node(node);
-    }
     let auto = AutoAssign {
         num4,
         num6,
@@ -439,18 +455,23 @@ pub async fn add_from(call: &Call, req: &Request, early: Option<AddInputs>) -> R
         // An auto-assignment's reads other than the blocks', all at once
         // and before the host lock: the lock covers the block's read and
         // the writes alone.
-        let ahead = if vm.is_none() && req.env.args.ip.is_none() {
+        let (ahead, opened) = if vm.is_none() && req.env.args.ip.is_none() {
             // (And the handle, where the lock would cover its write too.)
             let read = async {
+                let early = match early.take() {
+                    Some(early) => settle(early.await),
+                    None => settled.take(),
+                };
                 match early {
-                    Some(e) => Ok(e.inputs),
-                    None => allocator.read_ahead(&auto).await,
+                    Some((inputs, opened)) => Ok((inputs, opened)),
+                    None => allocator.read_ahead(&auto).await.map(|i| (i, None)),
                 }
             };
-            let (inputs, ()) = tokio::join!(read, allocator.create_handle_ahead(&auto, &lock_file));
-            Some(inputs?)
+            let (read, ()) = tokio::join!(read, allocator.create_handle_ahead(&auto, &lock_file));
+            let (inputs, opened) = read?;
+            (Some(inputs), opened)
         } else {
-            None
+            (None, settled.take().and_then(|(_, opened)| opened))
         };
         // A call that has to wait asks the lock's holder to allocate for
         // it as well ([`super::intents`]).
