@@ -2,8 +2,9 @@
 //! binaries (`calico` with its `calico-ipam`, from the peers build), both
 //! with calico-ipam, on the test bed's real kube-apiserver (Kubernetes pods
 //! created through the API, bound to a bench node) and on its etcd cluster
-//! (plain CNI containers), the two binaries alternating in one run: for
-//! each datastore and binary, sequential ADD and DEL (p50, p99), 8- and
+//! (plain CNI containers), the two binaries alternating in one run (their
+//! sequential calls interleaved pod by pod): for each datastore and
+//! binary, sequential ADD and DEL (p50, p99), 8- and
 //! 32-way, a burst of B pods at once (the time until all are networked, the
 //! p99 of one ADD), CPU time per ADD and DEL (the call and the children it
 //! waited for: Calico's calico-ipam), peak RSS per call; then, through the
@@ -128,11 +129,10 @@ fn etcdctl(args: &[&str], input: Option<&str>) -> Result<String, Failure> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// One round's ADD and DEL samples with their wall times, and whether it
-/// leaked.
-/// One round's samples: each phase's calls, its wall time and the CPU the
-/// datastore's servers (kube-apiserver, etcd) spent during it.
-struct RoundSamples {
+/// One round's samples of one binary: each phase's calls, its wall time
+/// and the CPU the datastore's servers (kube-apiserver, etcd) spent during
+/// it, and whether it leaked.
+pub struct RoundSamples {
     adds: Vec<Sample>,
     add_wall: Duration,
     add_server: Duration,
@@ -142,24 +142,52 @@ struct RoundSamples {
     leaked: bool,
 }
 
+/// The host's veths (a leak after a DEL phase).
+fn veths() -> usize {
+    sh("ip", &["-o", "link", "show", "type", "veth"])
+        .lines()
+        .count()
+}
+
+/// The datastore's server processes of this machine (kube-apiserver,
+/// etcd): their `stat` files.
+fn server_pids() -> Vec<PathBuf> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("stat"))
+        .filter(|stat| {
+            std::fs::read_to_string(stat).is_ok_and(|s| {
+                s.rsplit_once(')').is_some_and(|(head, _)| {
+                    head.ends_with("(kube-apiserver") || head.ends_with("(etcd")
+                })
+            })
+        })
+        .collect()
+}
+
 /// The CPU time (user + system) the datastore's server processes of this
-/// machine (kube-apiserver, etcd) have used so far.
+/// machine have used so far.
 fn server_cpu() -> Duration {
+    server_cpu_of(&server_pids())
+}
+
+/// The CPU time (user + system) the processes of these `stat` files have
+/// used so far.
+fn server_cpu_of(stats: &[PathBuf]) -> Duration {
     let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
         .unwrap_or(100) as f64;
     let mut ticks = 0u64;
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+    for path in stats {
+        let Ok(stat) = std::fs::read_to_string(path) else {
             continue;
         };
-        let Some((head, rest)) = stat.rsplit_once(')') else {
+        let Some((_, rest)) = stat.rsplit_once(')') else {
             continue;
         };
-        if !(head.ends_with("(kube-apiserver") || head.ends_with("(etcd")) {
-            continue;
-        }
         // After the name: state is field 3, utime 14 and stime 15.
         let f: Vec<&str> = rest.split_whitespace().collect();
         ticks += f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
@@ -168,12 +196,17 @@ fn server_cpu() -> Duration {
     Duration::from_secs_f64(ticks as f64 / tick)
 }
 
-/// The bench's world on one datastore: a node, a pool selecting only it,
-/// pods (Kubernetes) and the config both binaries get.
+/// The bench's world on one datastore: a node for each binary (each its
+/// own affine blocks, as on a real node where one plugin writes them: with
+/// one node, each binary's writes would make the other's copy of the block
+/// stale, a conflict and a read more on every call once their calls
+/// interleave), a pool selecting only these nodes, pods (Kubernetes) and
+/// the config both binaries get.
 pub struct World {
     pub store: Store,
     tag: String,
-    node: String,
+    /// The binaries' labels and their nodes.
+    nodes: Vec<(String, String)>,
     namespace: String,
     pool: String,
     cidr: String,
@@ -181,11 +214,21 @@ pub struct World {
 }
 
 impl World {
-    pub fn new(store: Store, dir: &Path, pods: usize, cidr: &str) -> Result<World, Failure> {
+    pub fn new(
+        store: Store,
+        dir: &Path,
+        sides: &[&str],
+        pods: usize,
+        cidr: &str,
+    ) -> Result<World, Failure> {
         let tag = format!("bench{}{}", std::process::id(), store.label().len());
         let w = World {
             store,
-            node: format!("{tag}-node"),
+            nodes: sides
+                .iter()
+                .enumerate()
+                .map(|(k, side)| (side.to_string(), format!("{tag}-node{k}")))
+                .collect(),
             namespace: format!("{tag}-ns"),
             pool: format!("{tag}-pool"),
             cidr: cidr.into(),
@@ -198,12 +241,14 @@ impl World {
                                "ipipMode": "Never", "vxlanMode": "Never"});
         match store {
             Store::Kdd => {
-                api(
-                    "POST",
-                    "/api/v1/nodes",
-                    Some(&json!({"apiVersion": "v1", "kind": "Node",
-                        "metadata": {"name": w.node, "labels": {"calico-bench": w.tag}}})),
-                )?;
+                for (_, node) in &w.nodes {
+                    api(
+                        "POST",
+                        "/api/v1/nodes",
+                        Some(&json!({"apiVersion": "v1", "kind": "Node",
+                            "metadata": {"name": node, "labels": {"calico-bench": w.tag}}})),
+                    )?;
+                }
                 api(
                     "POST",
                     "/api/v1/namespaces",
@@ -218,15 +263,19 @@ impl World {
                         "metadata": {"name": w.pool}, "spec": pool_spec}),
                     ),
                 )?;
-                for i in 0..pods {
-                    api(
-                        "POST",
-                        &format!("/api/v1/namespaces/{}/pods", w.namespace),
-                        Some(&json!({"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": format!("p{i}"), "labels": {"app": "bench"}},
-                            "spec": {"nodeName": w.node,
-                                     "containers": [{"name": "c", "image": "bench"}]}})),
-                    )?;
+                // Each node its pods (a kubelet networks only its node's).
+                for (_, node) in &w.nodes {
+                    for i in 0..pods {
+                        api(
+                            "POST",
+                            &format!("/api/v1/namespaces/{}/pods", w.namespace),
+                            Some(&json!({"apiVersion": "v1", "kind": "Pod",
+                                "metadata": {"name": format!("{node}-p{i}"),
+                                             "labels": {"app": "bench"}},
+                                "spec": {"nodeName": node,
+                                         "containers": [{"name": "c", "image": "bench"}]}})),
+                        )?;
+                    }
                 }
             }
             Store::Etcd => {
@@ -252,15 +301,17 @@ impl World {
                         Some(&info.to_string()),
                     )?;
                 }
-                let node = json!({"kind": "Node", "apiVersion": "projectcalico.org/v3",
-                    "metadata": {"name": w.node, "labels": {"calico-bench": w.tag},
-                                 "uid": "6e1e1a3c-0000-4000-8000-0000000000b2",
-                                 "creationTimestamp": "2026-12-01T00:00:00Z"},
-                    "spec": {}});
-                etcdctl(
-                    &["put", &format!("{v3}/nodes/{}", w.node)],
-                    Some(&node.to_string()),
-                )?;
+                for (k, (_, name)) in w.nodes.iter().enumerate() {
+                    let node = json!({"kind": "Node", "apiVersion": "projectcalico.org/v3",
+                        "metadata": {"name": name, "labels": {"calico-bench": w.tag},
+                                     "uid": format!("6e1e1a3c-0000-4000-8000-0000000001{k:02}"),
+                                     "creationTimestamp": "2026-12-01T00:00:00Z"},
+                        "spec": {}});
+                    etcdctl(
+                        &["put", &format!("{v3}/nodes/{name}")],
+                        Some(&node.to_string()),
+                    )?;
+                }
                 let pool = json!({"kind": "IPPool", "apiVersion": "projectcalico.org/v3",
                     "metadata": {"name": w.pool, "uid": "6e1e1a3c-0000-4000-8000-0000000000b3",
                                  "creationTimestamp": "2026-12-01T00:00:00Z"},
@@ -274,8 +325,16 @@ impl World {
         Ok(w)
     }
 
-    /// The network config both binaries get (the same text), each with its
-    /// own log file and lock.
+    /// The node of the binary labelled `side`.
+    fn node(&self, side: &str) -> &str {
+        self.nodes
+            .iter()
+            .find(|(s, _)| s == side)
+            .map_or("", |(_, node)| node.as_str())
+    }
+
+    /// The network config both binaries get (the same text but the node),
+    /// each with its own log file and lock.
     fn conf(
         &self,
         side: &str,
@@ -286,7 +345,7 @@ impl World {
         std::fs::create_dir_all(&dir)?;
         let mut conf = json!({
             "cniVersion": "0.3.1", "name": "k8s-pod-network", "type": "calico",
-            "nodename": self.node, "nodename_file_optional": true, "log_level": "info",
+            "nodename": self.node(side), "nodename_file_optional": true, "log_level": "info",
             "log_file_path": dir.join("cni.log"), "ipam_lock_file": dir.join("ipam.lock"),
             // Its own release queue: a DEL the counting proxy cut short
             // must not leave the node-wide queue's replays (each up to its
@@ -323,8 +382,9 @@ impl World {
         Ok(conf)
     }
 
-    /// One CNI call for pod `i` (sandbox `cid`, netns `netns`); `probed`:
-    /// through GNU time, for its peak RSS (`invoke_probed`).
+    /// One CNI call for pod `i` of `b`'s node (sandbox `cid`, netns
+    /// `netns`); `probed`: through GNU time, for its peak RSS
+    /// (`invoke_probed`).
     #[allow(clippy::too_many_arguments)]
     fn call(
         &self,
@@ -337,8 +397,9 @@ impl World {
         netns: &str,
     ) -> Sample {
         let args = format!(
-            "K8S_POD_NAMESPACE={};K8S_POD_NAME=p{i};K8S_POD_INFRA_CONTAINER_ID={cid}",
-            self.namespace
+            "K8S_POD_NAMESPACE={};K8S_POD_NAME={}-p{i};K8S_POD_INFRA_CONTAINER_ID={cid}",
+            self.namespace,
+            self.node(b.label)
         );
         let mut env = vec![
             ("CNI_COMMAND", verb),
@@ -407,11 +468,6 @@ impl World {
         for i in 0..n {
             sh("ip", &["netns", "add", &format!("{tag}-{i}")]);
         }
-        let veths = || {
-            sh("ip", &["-o", "link", "show", "type", "veth"])
-                .lines()
-                .count()
-        };
         let before = (veths(), self.allocated()?);
         let cid = |i: usize| format!("{tag}{i:04}");
         let netns = |i: usize| format!("/var/run/netns/{tag}-{i}");
@@ -447,8 +503,89 @@ impl World {
         })
     }
 
-    /// Everything for one binary: the rounds at each concurrency, the
-    /// burst, CPU and RSS; then the requests through the counting proxy.
+    /// The sequential round (one call at a time) of every binary, their
+    /// calls interleaved: pod i of each binary in turn (the order rotating
+    /// with i), then the DELs the same way. Each binary's calls share every
+    /// stretch of time with the others', so the ratio of their p50s
+    /// compares calls made under the same load: this machine's speed, the
+    /// API server's and the kernel's (a netns cleanup behind an earlier
+    /// phase holds rtnl) drift within a run, and a binary's block of calls
+    /// after the other's left that drift in the ratio. The servers' CPU is
+    /// read around each call and counted to its binary; the leak check is
+    /// the round's (a leak shows on every binary's line).
+    pub fn sequential(&self, binaries: &[&Binary], n: usize) -> Result<Vec<RoundSamples>, Failure> {
+        let confs = binaries
+            .iter()
+            .map(|b| self.conf(b.label, None, None))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tags: Vec<String> = binaries
+            .iter()
+            .map(|b| format!("d{}{}1", std::process::id() % 1000, &b.label[..1]))
+            .collect();
+        for tag in &tags {
+            for i in 0..n {
+                sh("ip", &["netns", "add", &format!("{tag}-{i}")]);
+            }
+        }
+        let before = (veths(), self.allocated()?);
+        let servers = server_pids();
+        let each = |verb: &str| {
+            let mut out: Vec<(Vec<Sample>, Duration)> = binaries
+                .iter()
+                .map(|_| (Vec::new(), Duration::ZERO))
+                .collect();
+            for i in 0..n {
+                for k in 0..binaries.len() {
+                    let j = (i + k) % binaries.len();
+                    let start = server_cpu_of(&servers);
+                    let sample = self.call(
+                        false,
+                        binaries[j],
+                        &confs[j],
+                        verb,
+                        i,
+                        &format!("{}{i:04}", tags[j]),
+                        &format!("/var/run/netns/{}-{i}", tags[j]),
+                    );
+                    out[j].1 += server_cpu_of(&servers).saturating_sub(start);
+                    out[j].0.push(sample);
+                }
+            }
+            out
+        };
+        let adds = each("ADD");
+        let dels = each("DEL");
+        let after = (veths(), self.allocated()?);
+        for tag in &tags {
+            for i in 0..n {
+                sh("ip", &["netns", "del", &format!("{tag}-{i}")]);
+            }
+        }
+        let leaked = after != before;
+        if leaked {
+            println!(
+                "| {} | all | 1 | LEAK: (veths, allocated) before {before:?} after {after:?} | | | | | |",
+                self.store.label()
+            );
+        }
+        Ok(adds
+            .into_iter()
+            .zip(dels)
+            .map(|((adds, add_server), (dels, del_server))| RoundSamples {
+                add_wall: adds.iter().map(|s| s.elapsed).sum(),
+                del_wall: dels.iter().map(|s| s.elapsed).sum(),
+                adds,
+                add_server,
+                dels,
+                del_server,
+                leaked,
+            })
+            .collect())
+    }
+
+    /// Everything for one binary: the rounds at each concurrency (conc 1:
+    /// `sequential`'s samples when given), the burst, CPU and RSS; then the
+    /// requests through the counting proxy.
     pub fn measure(
         &self,
         b: &Binary,
@@ -456,6 +593,7 @@ impl World {
         n: usize,
         concs: &[usize],
         burst: usize,
+        mut sequential: Option<RoundSamples>,
     ) -> Result<Figures, Failure> {
         let conf = self.conf(side, None, None)?;
         let mut f = Figures::default();
@@ -463,6 +601,10 @@ impl World {
         let (mut server, mut calls) = ((Duration::ZERO, Duration::ZERO), (0, 0));
         for &conc in concs {
             let tag = format!("d{}{}{conc}", std::process::id() % 1000, &side[..1]);
+            let samples = match sequential.take_if(|_| conc == 1) {
+                Some(s) => s,
+                None => self.round(false, b, &conf, n, conc, &tag)?,
+            };
             let RoundSamples {
                 adds,
                 add_wall: aw,
@@ -471,7 +613,7 @@ impl World {
                 del_wall: dw,
                 del_server,
                 leaked,
-            } = self.round(false, b, &conf, n, conc, &tag)?;
+            } = samples;
             server.0 += add_server;
             server.1 += del_server;
             calls.0 += adds.len();
@@ -634,6 +776,16 @@ impl Drop for World {
     fn drop(&mut self) {
         match self.store {
             Store::Kdd => {
+                // The pods at once (no kubelet confirms a graceful delete:
+                // they would stay Terminating, the namespace with them,
+                // and the controllers' retries load the API server of the
+                // runs that follow).
+                let _ = api(
+                    "DELETE",
+                    &format!("/api/v1/namespaces/{}/pods", self.namespace),
+                    Some(&json!({"kind": "DeleteOptions", "apiVersion": "v1",
+                                 "gracePeriodSeconds": 0})),
+                );
                 let _ = api(
                     "DELETE",
                     &format!("/api/v1/namespaces/{}", self.namespace),
@@ -644,7 +796,7 @@ impl Drop for World {
                     &format!("/apis/crd.projectcalico.org/v1/ippools/{}", self.pool),
                     None,
                 );
-                // The node's blocks and affinities.
+                // The nodes' blocks and affinities.
                 for plural in ["blockaffinities", "ipamblocks"] {
                     let list = api(
                         "GET",
@@ -653,8 +805,10 @@ impl Drop for World {
                     )
                     .unwrap_or_default();
                     for item in list["items"].as_array().cloned().unwrap_or_default() {
-                        let mine = item["spec"]["node"] == json!(self.node)
-                            || item["spec"]["affinity"] == json!(format!("host:{}", self.node));
+                        let mine = self.nodes.iter().any(|(_, node)| {
+                            item["spec"]["node"] == json!(node)
+                                || item["spec"]["affinity"] == json!(format!("host:{node}"))
+                        });
                         if mine {
                             let name = item["metadata"]["name"].as_str().unwrap_or_default();
                             let _ = api(
@@ -665,20 +819,20 @@ impl Drop for World {
                         }
                     }
                 }
-                let _ = api("DELETE", &format!("/api/v1/nodes/{}", self.node), None);
+                for (_, node) in &self.nodes {
+                    let _ = api("DELETE", &format!("/api/v1/nodes/{node}"), None);
+                }
             }
             Store::Etcd => {
                 let v3 = "/calico/resources/v3/projectcalico.org";
                 let _ = etcdctl(&["del", &format!("{v3}/ippools/{}", self.pool)], None);
-                let _ = etcdctl(&["del", &format!("{v3}/nodes/{}", self.node)], None);
-                let _ = etcdctl(
-                    &[
-                        "del",
-                        &format!("/calico/ipam/v2/host/{}", self.node),
-                        "--prefix",
-                    ],
-                    None,
-                );
+                for (_, node) in &self.nodes {
+                    let _ = etcdctl(&["del", &format!("{v3}/nodes/{node}")], None);
+                    let _ = etcdctl(
+                        &["del", &format!("/calico/ipam/v2/host/{node}"), "--prefix"],
+                        None,
+                    );
+                }
                 // The pool's blocks (keys `<prefix>/<address>-<prefix length>`).
                 let prefix = "/calico/ipam/v2/assignment/ipv4/block/";
                 let net: Option<ipnet::IpNet> = self.cidr.parse().ok();
