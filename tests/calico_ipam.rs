@@ -467,7 +467,36 @@ fn v39_ip_addrs_annotations(test: &str, w: &World) {
     let conf = k8s_conf(w, bed);
     let pool = w.v4(0);
     w.pool(&pool.to_string(), json!({}));
-    let ip = nth(&pool, 111);
+    // An automatic assignment first: the host's block and its copy beside
+    // the lock, from which an ADD writes its handle ahead (the Kubernetes
+    // datastore) once the datastore has said ready, before the pod's
+    // annotations are read. Every ADD below whose addresses come from the
+    // annotations must leave no such handle behind (nor count it).
+    w.pod(&ns, "pod0", json!({}));
+    let (n0, c0) = (Netns::new(), container_id());
+    let args0 = k8s_args(&ns, "pod0", &c0);
+    let auto = w.plugin("ADD", &c0, &n0.path(), &conf, &args0, None);
+    let auto_ip = address(&auto.assert_ok().json(), 0).addr();
+    w.plugin("DEL", &c0, &n0.path(), &conf, &args0, None)
+        .assert_ok();
+    let block_of = |ip: IpAddr| {
+        w.blocks()
+            .into_iter()
+            .filter_map(|b| {
+                b["spec"]["cidr"]
+                    .as_str()
+                    .and_then(|c| c.parse::<IpNet>().ok())
+            })
+            .find(|n| n.contains(&ip))
+            .expect("the address's block")
+    };
+    let host_block = block_of(auto_ip);
+    // The pod's address outside the host's block.
+    let ip = [111, 175]
+        .into_iter()
+        .map(|n| nth(&pool, n))
+        .find(|ip| !host_block.contains(ip))
+        .expect("an address outside one /26");
     let want = format!("{ip}/32");
     w.pod(
         &ns,
@@ -520,6 +549,12 @@ fn v39_ip_addrs_annotations(test: &str, w: &World) {
     assert_eq!(r["ips"][0]["address"], json!(want), "{r}");
     assert_eq!(recorded(), expected());
     assert_eq!(w.addresses_of(&format!("net1.{c1}")), [ip]);
+    // The handle counts the address's block alone (not the host's block a
+    // handle written ahead would have named).
+    assert_eq!(
+        w.handle(&format!("net1.{c1}")).expect("the handle")["spec"]["block"],
+        json!({block_of(ip).to_string(): 1})
+    );
 
     // The pod re-created (a new sandbox before the old one's DEL): the
     // address moves to the new container.
@@ -575,6 +610,9 @@ fn v39_ip_addrs_annotations(test: &str, w: &World) {
         &add(&c5, &n5, &conf, "pod2"),
         "requested feature is not enabled: ip_addrs_no_ipam",
     );
+    // Refused after the datastore said ready: nothing written is left.
+    assert!(w.handle(&format!("net1.{c5}")).is_none());
+    assert!(w.allocations().is_empty(), "{:?}", w.allocations());
 }
 on_both!(v39_ip_addrs_annotations);
 

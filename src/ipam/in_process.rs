@@ -90,8 +90,14 @@ impl Ipam for InProcessIpam {
     /// An ADD's reads (IPAMConfig, the pools, the reservations, this
     /// host's affinities) or a DEL's (IPAMConfig, the handles) start now,
     /// in a task of their own, while the caller reads the workload or
-    /// waits for the kernel to delete the interface; nothing is written
-    /// until the call is made.
+    /// waits for the kernel to delete the interface. A DEL writes nothing
+    /// until the call is made; an ADD's task writes the container's handle
+    /// as soon as the caller has read that the datastore is ready (for an
+    /// automatic assignment of one address where the handle and the block
+    /// are separate writes: the Kubernetes datastore), so that the
+    /// allocation finds it written. An ADD that allocates otherwise (a
+    /// VM's handle, the pod's addresses) or not at all deletes it
+    /// ([`Ipam::discard`]).
     async fn start(&self, command: Command) -> Result<Pending> {
         let store = Arc::clone(&self.store);
         let host = self.setup.host.clone();
@@ -100,8 +106,14 @@ impl Ipam for InProcessIpam {
         let ahead = match command {
             Command::Add => {
                 let families = self.families;
+                let handle = self.env.args.ip.is_none().then(|| {
+                    verbs::HandleAhead::new(
+                        verbs::container_handle(&self.network, &self.env.container_id),
+                        self.setup.ready.subscribe(),
+                    )
+                });
                 Ahead::Assignment(tokio::spawn(read_ahead(deadline, async move {
-                    verbs::read_add(store.as_ref(), &host, families, lock_file).await
+                    verbs::read_add(store.as_ref(), &host, families, lock_file, handle).await
                 })))
             }
             Command::Del => {
@@ -116,6 +128,9 @@ impl Ipam for InProcessIpam {
     }
 
     async fn add(&self, config: &Value, mut pending: Pending) -> Result<CniResult> {
+        // (Called without the datastore's readiness read: nothing is
+        // written ahead, the allocation writes the handle itself.)
+        self.not_ready_unless_read();
         let req = self.request(Command::Add, config, None)?;
         let early = async move {
             match pending.1 {
@@ -124,6 +139,21 @@ impl Ipam for InProcessIpam {
             }
         };
         verbs::add_from(&self.call(), &req, early).await
+    }
+
+    /// The handle written ahead, if any, deleted: the task that writes it
+    /// is told not to if it has not yet, and is waited for (within the
+    /// call's deadline) if it is writing.
+    async fn discard(&self, mut pending: Pending) {
+        self.not_ready_unless_read();
+        if let Some(Ahead::Assignment(ref mut task)) = pending.1 {
+            let inputs = tokio::time::timeout_at(self.deadline, task)
+                .await
+                .ok()
+                .and_then(|joined| joined.ok())
+                .flatten();
+            verbs::discard_add(self.store.as_ref(), &self.setup.host, inputs).await;
+        }
     }
 
     async fn add_ip(&self, config: &Value, ip: IpAddr) -> Result<CniResult> {
@@ -176,6 +206,20 @@ impl Ipam for InProcessIpam {
             deadline,
             lock_file: self.lock_file.clone(),
         })
+    }
+}
+
+impl InProcessIpam {
+    /// Settles the readiness the ADD's task waits for at "not ready"
+    /// unless the caller has read it ready.
+    fn not_ready_unless_read(&self) {
+        self.setup.ready.send_if_modified(|ready| {
+            let unset = ready.is_none();
+            if unset {
+                *ready = Some(false);
+            }
+            unset
+        });
     }
 }
 

@@ -93,6 +93,13 @@ pub trait Ipam: Send + Sync {
     /// ADD of exactly `ip` (`IP=<ip>` in CNI_ARGS).
     async fn add_ip(&self, config: &Value, ip: IpAddr) -> Result<CniResult>;
 
+    /// An ADD's `pending` not used for an allocation (the addresses came
+    /// from elsewhere, or the ADD ended before it): whatever it wrote ahead
+    /// is taken back.
+    async fn discard(&self, pending: Pending) {
+        drop(pending);
+    }
+
     /// DEL with `config`, on what `pending` started: releases what this
     /// container holds.
     async fn del(&self, config: &Value, pending: Pending) -> Result<()>;
@@ -131,6 +138,10 @@ pub struct Setup {
     pub namespace_labels: Arc<OnceLock<BTreeMap<String, String>>>,
     /// The Kubernetes API for a virt-launcher pod's VM (Kubernetes pods).
     pub kube: Option<calico::verbs::KubeAccess>,
+    /// The datastore's readiness as the caller read it: `Some(true)` once
+    /// it said ready (an ADD's handle may then be written ahead),
+    /// `Some(false)` once the call will not allocate.
+    pub ready: Arc<tokio::sync::watch::Sender<Option<bool>>>,
 }
 
 /// The IPAM of `req` bounded by `deadline`: calico-ipam in this process

@@ -3,6 +3,8 @@
 //! addresses, DoNetworking, the record, the profile — every step undone
 //! ([`crate::plugin::rollback`]) if a later one fails.
 
+use std::sync::Arc;
+
 use ipnet::IpNet;
 use serde_json::Value;
 
@@ -52,11 +54,16 @@ pub async fn cmd_add(ctx: &Context, workload: &dyn Workload) -> Result<CniResult
             outcome
         }
         Ok(AddPlan::Done(result)) => {
-            ahead.discard(ctx).await;
+            tokio::join!(ahead.discard(ctx), ipam.discard(pending));
             Ok(result)
         }
         Err(e) => {
-            ahead.discard(ctx).await;
+            // (On the cleanup budget: the error may be the deadline's.)
+            let cleanup = match ctx.ipam_for_cleanup().await {
+                Ok(cleanup) => cleanup,
+                Err(_) => Arc::clone(ipam),
+            };
+            tokio::join!(ahead.discard(ctx), cleanup.discard(pending));
             Err(e)
         }
     }
@@ -107,23 +114,26 @@ async fn allocate(ipam: &dyn Ipam, addresses: Addresses, pending: Pending) -> Re
             crate::fault::kill_point("ipam");
             result
         }
-        Addresses::Fixed(ips) => Ok(CniResult {
-            ips: ips
-                .into_iter()
-                .map(|address| IpConfig {
-                    address,
-                    gateway: None,
-                    interface: None,
-                })
-                .collect(),
-            ..CniResult::default()
-        }),
+        Addresses::Fixed(ips) => {
+            ipam.discard(pending).await;
+            Ok(CniResult {
+                ips: ips
+                    .into_iter()
+                    .map(|address| IpConfig {
+                        address,
+                        gateway: None,
+                        interface: None,
+                    })
+                    .collect(),
+                ..CniResult::default()
+            })
+        }
         Addresses::Each {
             config,
             ips,
             release_first,
         } => {
-            drop(pending);
+            ipam.discard(pending).await;
             if !release_first.is_empty() {
                 ipam.release_ips(&release_first).await?;
             }

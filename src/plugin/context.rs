@@ -55,6 +55,8 @@ pub struct Context {
     datastore: OnceCell<Datastore>,
     ipam: OnceCell<Arc<dyn Ipam>>,
     namespace_labels: Arc<OnceLock<BTreeMap<String, String>>>,
+    /// The datastore's readiness, once read (shared with the IPAM).
+    ready: Arc<tokio::sync::watch::Sender<Option<bool>>>,
     /// Whether the network's profile exists, once read.
     profile: OnceCell<bool>,
 }
@@ -118,6 +120,7 @@ impl Context {
             datastore: OnceCell::new(),
             ipam: OnceCell::new(),
             namespace_labels: Arc::new(OnceLock::new()),
+            ready: Arc::new(tokio::sync::watch::Sender::new(None)),
             profile: OnceCell::new(),
         }
     }
@@ -227,7 +230,10 @@ impl Context {
 
     pub async fn ensure_ready(&self) -> Result<()> {
         match self.store().await?.cluster_ready().await {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                self.ready.send_replace(Some(true));
+                Ok(())
+            }
             Ok(false) => Err(Error::datastore(
                 "Calico is currently not ready to process requests",
             )),
@@ -259,6 +265,7 @@ impl Context {
                     namespaces,
                     namespace_labels: Arc::clone(&self.namespace_labels),
                     kube,
+                    ready: Arc::clone(&self.ready),
                 };
                 crate::ipam::open(&self.req, setup, in_process, self.deadline())
             })

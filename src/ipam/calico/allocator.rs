@@ -609,11 +609,26 @@ impl<'a> Allocator<'a> {
             return;
         }
         if let Some(unused) = self.take_ahead_handle() {
-            let name = unused.metadata.name.clone();
-            if let Err(e) = self.store.delete_as_read(&unused).await {
-                tracing::warn!(%name, "deleting a handle written ahead, unused: {e}");
-            }
+            self.delete_handle_ahead(&unused).await;
         }
+    }
+
+    /// Deletes a handle written ahead that no allocation took (it holds
+    /// nothing). A failure is logged: the DEL that follows a failed ADD
+    /// deletes it, as the orphan search ([`Self::orphan_host_handles`])
+    /// finds it.
+    pub async fn delete_handle_ahead(&self, unused: &IpamHandle) {
+        let name = unused.metadata.name.clone();
+        match self.store.delete_as_read(unused).await {
+            Ok(()) => tracing::debug!(%name, "a handle written ahead, unused, deleted"),
+            Err(e) => tracing::warn!(%name, "deleting a handle written ahead, unused: {e}"),
+        }
+    }
+
+    /// A handle written ahead elsewhere ([`super::verbs::read_add`]), for
+    /// the allocation to take as its own.
+    pub fn adopt_ahead_handle(&self, handle: IpamHandle) {
+        *self.ahead_handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
     }
 
     /// Writes the request's handle before the host lock is held, naming
@@ -652,7 +667,7 @@ impl<'a> Allocator<'a> {
         }
     }
 
-    fn take_ahead_handle(&self) -> Option<IpamHandle> {
+    pub fn take_ahead_handle(&self) -> Option<IpamHandle> {
         self.ahead_handle
             .lock()
             .unwrap_or_else(|p| p.into_inner())

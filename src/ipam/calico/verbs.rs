@@ -77,7 +77,7 @@ pub fn handle_id(req: &Request) -> String {
     container_handle(&req.conf.name, &req.env.container_id)
 }
 
-fn container_handle(network: &str, container_id: &str) -> String {
+pub fn container_handle(network: &str, container_id: &str) -> String {
     format!("{network}.{container_id}")
 }
 
@@ -128,15 +128,41 @@ pub struct AddInputs {
     node_labels: Option<BTreeMap<String, String>>,
     /// The host lock's file, opened meanwhile ([`lock::open_ahead`]).
     lock: Option<std::fs::File>,
+    /// The handle written ahead ([`HandleAhead`]), if it was tried.
+    handle: Option<HandleAhead>,
+}
+
+/// An ADD's handle, to be written ahead while the caller reads the
+/// workload: its ID, and the datastore's readiness as the caller reads it
+/// (nothing is written until it says ready; `Some(false)`: never).
+pub struct HandleAhead {
+    pub id: String,
+    pub ready: tokio::sync::watch::Receiver<Option<bool>>,
+    /// What was written: `None` until then, or if it failed (the handle
+    /// exists: a retried ADD's).
+    written: Option<IpamHandle>,
+}
+
+impl HandleAhead {
+    pub fn new(id: String, ready: tokio::sync::watch::Receiver<Option<bool>>) -> HandleAhead {
+        HandleAhead {
+            id,
+            ready,
+            written: None,
+        }
+    }
 }
 
 /// [`AddInputs`] read, and the host lock's file (`lock_file`) opened, at
-/// once.
+/// once; and with `handle`, once the datastore is ready, the handle
+/// written ahead (as [`Allocator::create_handle_ahead`] writes it, where it
+/// does).
 pub async fn read_add(
     store: &dyn Store,
     host: &str,
     families: (usize, usize),
     lock_file: PathBuf,
+    handle: Option<HandleAhead>,
 ) -> std::result::Result<AddInputs, IpamError> {
     let labels = NodeLabels {
         store,
@@ -154,13 +180,53 @@ pub async fn read_add(
         labels: &labels,
     };
     let allocator = Allocator::new(store, host);
-    let (inputs, lock) = tokio::join!(allocator.read_ahead(&auto), lock::open_ahead(lock_file));
+    let write = async {
+        let mut ahead = handle?;
+        let ready = *ahead.ready.wait_for(Option::is_some).await.ok()?;
+        if ready != Some(true) {
+            // Not tried: the allocation writes it.
+            return None;
+        }
+        let auto = AutoAssign {
+            handle: &ahead.id,
+            ..auto
+        };
+        allocator.create_handle_ahead(&auto, &lock_file).await;
+        ahead.written = allocator.take_ahead_handle();
+        Some(ahead)
+    };
+    let (inputs, lock, handle) = tokio::join!(
+        allocator.read_ahead(&auto),
+        lock::open_ahead(lock_file.clone()),
+        write
+    );
+    let inputs = match inputs {
+        Ok(inputs) => inputs,
+        Err(e) => {
+            // (The call reads again; the handle is written again with it.)
+            if let Some(written) = handle.and_then(|h| h.written) {
+                allocator.delete_handle_ahead(&written).await;
+            }
+            return Err(e);
+        }
+    };
     Ok(AddInputs {
         families,
-        inputs: inputs?,
+        inputs,
         node_labels: labels.node.get().cloned(),
         lock,
+        handle,
     })
+}
+
+/// What [`read_add`] wrote ahead, taken back: the ADD's addresses come
+/// from elsewhere (or it ends before its allocation).
+pub async fn discard_add(store: &dyn Store, host: &str, inputs: Option<AddInputs>) {
+    if let Some(written) = inputs.and_then(|i| i.handle).and_then(|h| h.written) {
+        Allocator::new(store, host)
+            .delete_handle_ahead(&written)
+            .await;
+    }
 }
 
 /// The addresses per family an ADD with this config asks for: one IPv4
@@ -396,9 +462,11 @@ pub async fn add(call: &Call, req: &Request) -> Result<CniResult> {
 
 /// [`add`] from what [`read_add`] reads early (`None`: read now; reads of
 /// other families than this request's are read again). An automatic
-/// assignment writes its handle ahead of the lock while it waits for those
-/// reads (a pool's node selector can leave the node's read still going
-/// when the call gets here: one round trip fewer on its path).
+/// assignment takes the handle [`read_add`] wrote ahead of the lock (as
+/// soon as the datastore said ready, while the caller read the workload),
+/// or writes it ahead of the lock itself while it waits for those reads;
+/// any other assignment deletes a handle written ahead (a VM's handle is
+/// another).
 pub async fn add_from(
     call: &Call,
     req: &Request,
@@ -411,21 +479,29 @@ pub async fn add_from(
     // What was read early, if for this request's families: its IPAMConfig
     // and the node's labels handed on, its inputs and the lock's file
     // returned.
+    // And the handle it wrote ahead, if it tried.
     let settle = |early: Option<AddInputs>| {
-        let mut early = early.filter(|e| e.families == (num4, num6))?;
+        let Some(mut early) = early else {
+            return (None, None);
+        };
+        let handle = early.handle.take();
+        if early.families != (num4, num6) {
+            return (None, handle);
+        }
         allocator.use_config(early.inputs.config().clone());
         if let Some(node) = early.node_labels.take() {
             labels.seed_node(node);
         }
-        Some((early.inputs, early.lock.take()))
+        (Some((early.inputs, early.lock.take())), handle)
     };
     let mut vm = vm_of(call, req, false).await?;
     // An automatic assignment takes what was read early below; any other
     // needs it now (a VM's IPAMConfig).
-    let (mut early, mut settled) = match vm.is_none() && req.env.args.ip.is_none() {
-        true => (Some(early), None),
-        false => (None, settle(early.await)),
-    };
+    let (mut early, (mut settled, mut handle_ahead)) =
+        match vm.is_none() && req.env.args.ip.is_none() {
+            true => (Some(early), (None, None)),
+            false => (None, settle(early.await)),
+        };
     if vm.is_some() && !allocator.config().await?.kubevirt_persistence() {
         if vm.as_ref().is_some_and(VmiInfo::is_migration_target) {
             return Err(Error::ipam(
@@ -456,21 +532,41 @@ pub async fn add_from(
         // and before the host lock: the lock covers the block's read and
         // the writes alone.
         let (ahead, opened) = if vm.is_none() && req.env.args.ip.is_none() {
-            // (And the handle, where the lock would cover its write too.)
+            // (And the handle, where the lock would cover its write too:
+            // written with the reads ahead once the datastore said ready,
+            // else now.)
+            let (early, ahead) = match early.take() {
+                Some(early) => settle(early.await),
+                None => (settled.take(), handle_ahead.take()),
+            };
+            let tried = ahead.is_some();
+            if let Some(written) = ahead.and_then(|a| a.written) {
+                if written.spec.handle_id == handle {
+                    allocator.adopt_ahead_handle(written);
+                } else {
+                    allocator.delete_handle_ahead(&written).await;
+                }
+            }
             let read = async {
-                let early = match early.take() {
-                    Some(early) => settle(early.await),
-                    None => settled.take(),
-                };
                 match early {
                     Some((inputs, opened)) => Ok((inputs, opened)),
                     None => allocator.read_ahead(&auto).await.map(|i| (i, None)),
                 }
             };
-            let (read, ()) = tokio::join!(read, allocator.create_handle_ahead(&auto, &lock_file));
+            let write = async {
+                if !tried {
+                    allocator.create_handle_ahead(&auto, &lock_file).await;
+                }
+            };
+            let (read, ()) = tokio::join!(read, write);
             let (inputs, opened) = read?;
             (Some(inputs), opened)
         } else {
+            // (A VM's handle, or an explicit address's: not the one written
+            // ahead.)
+            if let Some(written) = handle_ahead.take().and_then(|a| a.written) {
+                allocator.delete_handle_ahead(&written).await;
+            }
             (None, settled.take().and_then(|(_, opened)| opened))
         };
         // A call that has to wait asks the lock's holder to allocate for
