@@ -68,6 +68,19 @@ fn block_name(cidr: &IpNet) -> String {
     cidr.to_string().replace(['.', ':', '/'], "-")
 }
 
+/// The CIDR of `w`'s block that holds `ip`.
+fn block_holding(w: &World, ip: IpAddr) -> IpNet {
+    w.blocks()
+        .into_iter()
+        .filter_map(|b| {
+            b["spec"]["cidr"]
+                .as_str()
+                .and_then(|c| c.parse::<IpNet>().ok())
+        })
+        .find(|n| n.contains(&ip))
+        .expect("the address's block")
+}
+
 fn msg(out: &Outcome) -> String {
     out.json()["msg"].as_str().unwrap_or_default().to_string()
 }
@@ -479,17 +492,7 @@ fn v39_ip_addrs_annotations(test: &str, w: &World) {
     let auto_ip = address(&auto.assert_ok().json(), 0).addr();
     w.plugin("DEL", &c0, &n0.path(), &conf, &args0, None)
         .assert_ok();
-    let block_of = |ip: IpAddr| {
-        w.blocks()
-            .into_iter()
-            .filter_map(|b| {
-                b["spec"]["cidr"]
-                    .as_str()
-                    .and_then(|c| c.parse::<IpNet>().ok())
-            })
-            .find(|n| n.contains(&ip))
-            .expect("the address's block")
-    };
+    let block_of = |ip: IpAddr| block_holding(w, ip);
     let host_block = block_of(auto_ip);
     // The pod's address outside the host's block.
     let ip = [111, 175]
@@ -1164,17 +1167,7 @@ fn the_handle_is_written_ahead_of_the_lock(_test: &str, w: &World) {
     let (a, b) = (w.v4(0), w.v4(1));
     w.pool(&a.to_string(), json!({}));
     let conf = w.conf_with_ipam(json!({"ipv4_pools": [a.to_string()]}));
-    let block_of = |ip: IpAddr| {
-        w.blocks()
-            .into_iter()
-            .filter_map(|b| {
-                b["spec"]["cidr"]
-                    .as_str()
-                    .and_then(|c| c.parse::<IpNet>().ok())
-            })
-            .find(|n| n.contains(&ip))
-            .expect("the address's block")
-    };
+    let block_of = |ip: IpAddr| block_holding(w, ip);
     let handle_blocks =
         |cid: &str| w.handle(&format!("net1.{cid}")).expect("the handle")["spec"]["block"].clone();
     // The first ADD claims the block (no copy of it yet: the handle is
