@@ -136,8 +136,8 @@ pub struct AddInputs {
 /// workload: its ID, and the datastore's readiness as the caller reads it
 /// (nothing is written until it says ready; `Some(false)`: never).
 pub struct HandleAhead {
-    pub id: String,
-    pub ready: tokio::sync::watch::Receiver<Option<bool>>,
+    id: String,
+    ready: tokio::sync::watch::Receiver<Option<bool>>,
     /// What was written: `None` until then, or if it failed (the handle
     /// exists: a retried ADD's).
     written: Option<IpamHandle>,
