@@ -13,6 +13,7 @@ pub mod dataplane;
 pub mod datastore;
 pub mod etcd;
 pub mod fault;
+pub mod handoff;
 pub mod ipam;
 pub mod k8s;
 pub mod logging;

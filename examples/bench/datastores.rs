@@ -453,6 +453,20 @@ impl World {
             .sum())
     }
 
+    /// The failed calls among `adds` and `dels`; the first one's answer
+    /// printed as a row (`phase`: the concurrency, the burst, the RSS probe).
+    fn failed(&self, b: &Binary, phase: &str, adds: &[Sample], dels: &[Sample]) -> usize {
+        if let Some(s) = adds.iter().chain(dels).find(|s| !s.ok) {
+            println!(
+                "| {} | {} | {phase} | failed: {} | | | | | |",
+                self.store.label(),
+                b.label,
+                s.stdout.replace('\n', " ")
+            );
+        }
+        adds.iter().chain(dels).filter(|s| !s.ok).count()
+    }
+
     /// One round of `n` pods, `conc` at a time: ADD all, DEL all; leaks
     /// checked. The samples of each phase (`probed`: each call through GNU
     /// time, for the peak RSS; its latency not used).
@@ -618,15 +632,7 @@ impl World {
             server.1 += del_server;
             calls.0 += adds.len();
             calls.1 += dels.len();
-            f.failures += adds.iter().chain(&dels).filter(|s| !s.ok).count();
-            if let Some(s) = adds.iter().chain(&dels).find(|s| !s.ok) {
-                println!(
-                    "| {} | {} | {conc} | failed: {} | | | | | |",
-                    self.store.label(),
-                    b.label,
-                    s.stdout.replace('\n', " ")
-                );
-            }
+            f.failures += self.failed(b, &conc.to_string(), &adds, &dels);
             f.leaked |= leaked;
             cpu.0.extend(adds.iter().map(|s| s.cpu));
             cpu.1.extend(dels.iter().map(|s| s.cpu));
@@ -643,7 +649,7 @@ impl World {
             leaked,
             ..
         } = self.round(false, b, &conf, burst, burst, &tag)?;
-        f.failures += adds.iter().chain(&dels).filter(|s| !s.ok).count();
+        f.failures += self.failed(b, "burst", &adds, &dels);
         f.leaked |= leaked;
         f.burst_wall = wall;
         f.burst_server = add_server;
@@ -665,12 +671,7 @@ impl World {
         // Peak RSS per call: single calls read through GNU time.
         let tag = format!("d{}{}r", std::process::id() % 1000, &side[..1]);
         let probed = self.round(true, b, &conf, RSS_CALLS.min(n), 1, &tag)?;
-        f.failures += probed
-            .adds
-            .iter()
-            .chain(&probed.dels)
-            .filter(|s| !s.ok)
-            .count();
+        f.failures += self.failed(b, "rss", &probed.adds, &probed.dels);
         f.leaked |= probed.leaked;
         // Each call's peak on stderr (`BENCH_RSS_DETAIL=1`): which verb
         // grew, when the figure moves.

@@ -204,13 +204,18 @@ impl LocalStore {
     /// started while another is queued or running join it: one thread
     /// takes the connection once and runs them all in order (the reads a
     /// call makes at once cost one hand-off to the pool, not one each).
+    /// Both sides of the hand-off wait awake a moment for the other
+    /// ([`crate::handoff`]): the caller's runtime for the answer, the
+    /// thread for the call's next operation.
     async fn blocking<T: Send + 'static>(
         &self,
         op: impl FnOnce(&mut Connection) -> Result<T, DatastoreError> + Send + 'static,
     ) -> Result<T, DatastoreError> {
         let (answer, answered) = tokio::sync::oneshot::channel();
+        let in_flight = crate::handoff::InFlight::new();
         let job: Job = Box::new(move |conn| {
             let _ = answer.send(op(conn));
+            drop(in_flight);
         });
         let start = {
             let mut queue = lock(&self.queue);
@@ -230,26 +235,40 @@ impl LocalStore {
 /// An operation waiting for the connection.
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
-/// The operations waiting for the connection, and whether a thread of
-/// the blocking pool is already on its way to run them.
+/// The operations waiting for the connection, whether a thread of the
+/// blocking pool is already on its way to run them, and whether the store
+/// is closed (dropped: no operation will come).
 #[derive(Default)]
 struct Queue {
     jobs: Vec<Job>,
     draining: bool,
+    closed: bool,
 }
 
-/// Runs queued operations until none is left (a panicking one answers
-/// nothing: its caller sees the worker fail).
+/// Runs queued operations until none is left, nor comes within
+/// [`crate::handoff::SPIN`] (a panicking one answers nothing: its caller
+/// sees the worker fail).
 fn drain(conn: &Mutex<Connection>, queue: &Mutex<Queue>) {
     let mut conn = lock(conn);
     loop {
-        let jobs = {
+        // The next job is usually microseconds away: wait for it awake
+        // (not once the store is closed: the runtime's shutdown waits for
+        // this thread).
+        let next = || {
             let mut queue = lock(queue);
-            if queue.jobs.is_empty() {
-                queue.draining = false;
-                return;
+            (!queue.jobs.is_empty() || queue.closed).then(|| std::mem::take(&mut queue.jobs))
+        };
+        let jobs = next().or_else(|| crate::handoff::wait_for(next));
+        let jobs = match jobs {
+            Some(jobs) if !jobs.is_empty() => jobs,
+            _ => {
+                let mut queue = lock(queue);
+                if queue.jobs.is_empty() {
+                    queue.draining = false;
+                    return;
+                }
+                std::mem::take(&mut queue.jobs)
             }
-            std::mem::take(&mut queue.jobs)
         };
         for job in jobs {
             let conn = &mut *conn;
@@ -407,6 +426,9 @@ const WAL_FRAME_BYTES: u64 = 24 + 4096;
 
 impl Drop for LocalStore {
     fn drop(&mut self) {
+        // A thread waiting for the next operation leaves now (and with it
+        // the connection's lock, which the checkpoint takes).
+        lock(&self.queue).closed = true;
         let frames = std::fs::metadata(&self.wal).map_or(0, |m| m.len() / WAL_FRAME_BYTES);
         if frames < WAL_CHECKPOINT_FRAMES {
             return;
