@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// edge.
 const RANKS: &[(&str, u32)] = &[
     ("connection_gate", 0),
+    ("handoff", 0),
     // The binary's allocator on musl (a module of main.rs, not of the library).
     ("musl_heap", 0),
     ("etcd", 1),
