@@ -68,17 +68,21 @@ fn block_name(cidr: &IpNet) -> String {
     cidr.to_string().replace(['.', ':', '/'], "-")
 }
 
-/// The CIDR of `w`'s block that holds `ip`.
-fn block_holding(w: &World, ip: IpAddr) -> IpNet {
+/// `w`'s block that holds `ip`, as stored.
+fn stored_block_holding(w: &World, ip: IpAddr) -> Value {
     w.blocks()
         .into_iter()
-        .filter_map(|b| {
-            b["spec"]["cidr"]
-                .as_str()
-                .and_then(|c| c.parse::<IpNet>().ok())
-        })
-        .find(|n| n.contains(&ip))
+        .find(|b| cidr_of(b).is_some_and(|n| n.contains(&ip)))
         .expect("the address's block")
+}
+
+/// The CIDR of `w`'s block that holds `ip`.
+fn block_holding(w: &World, ip: IpAddr) -> IpNet {
+    cidr_of(&stored_block_holding(w, ip)).expect("the block's CIDR")
+}
+
+fn cidr_of(block: &Value) -> Option<IpNet> {
+    block["spec"]["cidr"].as_str().and_then(|c| c.parse().ok())
 }
 
 fn msg(out: &Outcome) -> String {
@@ -1331,16 +1335,7 @@ fn handle_and_block_are_written_together(_test: &str, w: &World) {
     let handle = w
         .get::<calico_cni::datastore::ipam_model::IpamHandle>(&w.handle_name(&format!("net1.{c}")))
         .expect("the handle");
-    let block = w
-        .blocks()
-        .into_iter()
-        .find(|b| {
-            b["spec"]["cidr"]
-                .as_str()
-                .and_then(|c| c.parse::<IpNet>().ok())
-                .is_some_and(|n| n.contains(&ip))
-        })
-        .expect("the block");
+    let block = stored_block_holding(w, ip);
     if w.backend == Backend::Etcd {
         assert_eq!(
             handle["metadata"]["resourceVersion"], block["metadata"]["resourceVersion"],

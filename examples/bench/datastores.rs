@@ -453,6 +453,24 @@ impl World {
             .sum())
     }
 
+    /// Whether the host's veths or the store's allocations differ after a
+    /// round from before it (a row says so).
+    fn leaked(
+        &self,
+        binary: &str,
+        conc: usize,
+        before: (usize, usize),
+        after: (usize, usize),
+    ) -> bool {
+        if after != before {
+            println!(
+                "| {} | {binary} | {conc} | LEAK: (veths, allocated) before {before:?} after {after:?} | | | | | |",
+                self.store.label()
+            );
+        }
+        after != before
+    }
+
     /// The failed calls among `adds` and `dels`; the first one's answer
     /// printed as a row (`phase`: the concurrency, the burst, the RSS probe).
     fn failed(&self, b: &Binary, phase: &str, adds: &[Sample], dels: &[Sample]) -> usize {
@@ -498,14 +516,7 @@ impl World {
         for i in 0..n {
             sh("ip", &["netns", "del", &format!("{tag}-{i}")]);
         }
-        let leaked = after != before;
-        if leaked {
-            println!(
-                "| {} | {} | {conc} | LEAK: (veths, allocated) before {before:?} after {after:?} | | | | | |",
-                self.store.label(),
-                b.label
-            );
-        }
+        let leaked = self.leaked(b.label, conc, before, after);
         Ok(RoundSamples {
             adds,
             add_wall,
@@ -575,13 +586,7 @@ impl World {
                 sh("ip", &["netns", "del", &format!("{tag}-{i}")]);
             }
         }
-        let leaked = after != before;
-        if leaked {
-            println!(
-                "| {} | all | 1 | LEAK: (veths, allocated) before {before:?} after {after:?} | | | | | |",
-                self.store.label()
-            );
-        }
+        let leaked = self.leaked("all", 1, before, after);
         Ok(adds
             .into_iter()
             .zip(dels)

@@ -258,18 +258,17 @@ fn drain(conn: &Mutex<Connection>, queue: &Mutex<Queue>) {
             let mut queue = lock(queue);
             (!queue.jobs.is_empty() || queue.closed).then(|| std::mem::take(&mut queue.jobs))
         };
-        let jobs = next().or_else(|| crate::handoff::wait_for(next));
-        let jobs = match jobs {
-            Some(jobs) if !jobs.is_empty() => jobs,
-            _ => {
-                let mut queue = lock(queue);
-                if queue.jobs.is_empty() {
-                    queue.draining = false;
-                    return;
-                }
-                std::mem::take(&mut queue.jobs)
+        let mut jobs = next()
+            .or_else(|| crate::handoff::wait_for(next))
+            .unwrap_or_default();
+        if jobs.is_empty() {
+            let mut queue = lock(queue);
+            if queue.jobs.is_empty() {
+                queue.draining = false;
+                return;
             }
-        };
+            jobs = std::mem::take(&mut queue.jobs);
+        }
         for job in jobs {
             let conn = &mut *conn;
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || job(conn)));
