@@ -21,6 +21,12 @@
 //! A waiting thread stops at the first yield that ran another thread (the
 //! machine is busy: its CPU is wanted), so under load it costs a yield and
 //! takes no CPU from the calls around it. BENCHMARKS.md, session 24.
+//!
+//! Blocking work goes to the pool through [`spawn_blocking`], which counts
+//! it until it returns: at the call's end the process then knows whether
+//! any is still running ([`blocking_work_running`]). When none is, the
+//! pool's idle threads are left to the process's exit rather than woken,
+//! joined and unmapped one by one (BENCHMARKS.md, session 25).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -99,6 +105,48 @@ pub fn wait_for<T>(mut ready: impl FnMut() -> Option<T>) -> Option<T> {
 /// A yield that took this long ran another thread.
 const GAVE_WAY: Duration = Duration::from_micros(20);
 
+/// Blocking work handed to the pool and not yet returned (queued or
+/// running).
+static BLOCKING: AtomicUsize = AtomicUsize::new(0);
+
+/// One piece of blocking work, counted from its hand-off until it returns
+/// (or is dropped unrun, when the runtime shuts down first).
+struct Blocking(());
+
+impl Blocking {
+    fn new() -> Blocking {
+        BLOCKING.fetch_add(1, Ordering::SeqCst);
+        Blocking(())
+    }
+}
+
+impl Drop for Blocking {
+    fn drop(&mut self) {
+        BLOCKING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `tokio::task::spawn_blocking`, counted ([`blocking_work_running`]).
+/// Every blocking hand-off of the call goes through here.
+pub fn spawn_blocking<F, R>(work: F) -> tokio::task::JoinHandle<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    let counted = Blocking::new();
+    tokio::task::spawn_blocking(move || {
+        let _counted = counted;
+        work()
+    })
+}
+
+/// Whether blocking work handed off through [`spawn_blocking`] has not
+/// returned yet: work a call gave up waiting for at a deadline, which its
+/// runtime's end should let finish.
+pub fn blocking_work_running() -> bool {
+    BLOCKING.load(Ordering::SeqCst) > 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +182,24 @@ mod tests {
         // first yield that ran another thread (a busy test machine).
         assert!(polls > 1 || started.elapsed() >= GAVE_WAY, "{polls} polls");
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn blocking_work_counts_until_it_returns() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let work = runtime.block_on(async { spawn_blocking(move || released.recv()) });
+        assert!(blocking_work_running());
+        release.send(()).unwrap();
+        runtime.block_on(work).unwrap().unwrap();
+        // (Other tests' work may run meanwhile: wait until all returned.)
+        let until = Instant::now() + Duration::from_secs(10);
+        while blocking_work_running() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!blocking_work_running());
     }
 
     #[test]

@@ -266,6 +266,7 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
         }
     };
     let outcome = runtime.block_on(dispatch(personality, request));
+    shut_down(runtime);
     match outcome.and_then(|result| print_result(result, version)) {
         Ok(stdout) => Exit::ok(stdout),
         Err(e) => Exit::error(&e, &label),
@@ -289,6 +290,21 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .max_blocking_threads(BLOCKING_THREADS)
         .on_thread_park(crate::handoff::before_park)
         .build()
+}
+
+/// Ends the call's runtime before its answer is printed. Dropping it would
+/// wake each idle thread of the blocking pool, join it and unmap its
+/// stack (with the TLB shootdowns that takes while other threads run),
+/// all before the answer: about 6% of a plain ADD. When no blocking work
+/// is running (everything the call handed off was answered) the idle
+/// threads are left to the process's exit. Work a call stopped waiting for
+/// at a deadline is still let finish, within the cleanup budget.
+fn shut_down(runtime: tokio::runtime::Runtime) {
+    if crate::handoff::blocking_work_running() {
+        runtime.shutdown_timeout(crate::plugin::context::CLEANUP_GRACE);
+    } else {
+        runtime.shutdown_background();
+    }
 }
 
 fn print_result(result: Option<crate::cni::CniResult>, version: Version) -> Result<String> {

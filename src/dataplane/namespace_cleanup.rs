@@ -55,7 +55,7 @@ pub fn clean_up_namespace(
         let runtime = tokio::runtime::Handle::current();
         let (watching, watched) = tokio::sync::oneshot::channel();
         let name = ifname.clone();
-        let answered = tokio::task::spawn_blocking(move || {
+        let answered = crate::handoff::spawn_blocking(move || {
             let (watch, request) = netns.run(|| {
                 let _context = runtime.enter();
                 (watch_links(), sync_socket(&format!("delete link {name}")))

@@ -287,7 +287,7 @@ impl RtNetlink {
         };
         let socket = Arc::clone(socket).lock_owned().await;
         let failed = op.clone();
-        tokio::task::spawn_blocking(move || {
+        crate::handoff::spawn_blocking(move || {
             request_acked(
                 &socket,
                 RouteNetlinkMessage::NewLink(message),

@@ -526,8 +526,8 @@ impl PodNetwork {
         };
         let (host, pod) = tokio::time::timeout_at(req.deadline, async {
             tokio::join!(
-                tokio::task::spawn_blocking(move || writer_host.host(&host_sysctls)),
-                tokio::task::spawn_blocking(move || writer_pod.pod(&pod_sysctls))
+                crate::handoff::spawn_blocking(move || writer_host.host(&host_sysctls)),
+                crate::handoff::spawn_blocking(move || writer_pod.pod(&pod_sysctls))
             )
         })
         .await

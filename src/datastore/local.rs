@@ -223,6 +223,9 @@ impl LocalStore {
             !std::mem::replace(&mut queue.draining, true)
         };
         if start {
+            // Not counted as the call's blocking work (`handoff::spawn_blocking`):
+            // every job answers a caller that awaits it, and once the store
+            // is dropped the thread only waits to leave.
             let (conn, queue) = (Arc::clone(&self.conn), Arc::clone(&self.queue));
             drop(tokio::task::spawn_blocking(move || drain(&conn, &queue)));
         }

@@ -45,7 +45,7 @@ pub fn datastore_kind(c: &NetConf, vars: &HashMap<String, String>) -> Result<Bac
 /// The embedded store the config names, opened off the runtime thread.
 pub async fn open_local(conf: &NetConf, busy: Duration) -> Result<Arc<LocalStore>> {
     let path = conf.local_datastore_path();
-    let store = tokio::task::spawn_blocking(move || LocalStore::open(&path, busy))
+    let store = crate::handoff::spawn_blocking(move || LocalStore::open(&path, busy))
         .await
         .map_err(|e| Error::Internal(format!("opening the datastore: {e}")))?
         .map_err(|e| e.context("error creating calico client"))?;

@@ -61,7 +61,7 @@ impl ExecIpam {
         let deadline = self.plugin.deadline.into_std();
         let valid = valid.to_vec();
         let collected =
-            tokio::task::spawn_blocking(move || host_local_gc::collect(&dir, &valid, deadline))
+            crate::handoff::spawn_blocking(move || host_local_gc::collect(&dir, &valid, deadline))
                 .await
                 .map_err(|e| Error::Internal(format!("host-local GC stopped: {e}")))?
                 .map_err(|e| Error::caused(Kind::Ipam, "host-local GC", e))?;

@@ -447,7 +447,7 @@ impl K8sClient {
         // An exec plugin runs now (a process: off the runtime's thread).
         let auth = {
             let config = config.clone();
-            tokio::task::spawn_blocking(move || {
+            crate::handoff::spawn_blocking(move || {
                 use kube::client::ConfigExt;
                 config.auth_layer()
             })

@@ -92,7 +92,7 @@ impl PolicyWait {
                 .min(deadline.saturating_duration_since(Instant::now()));
         tracing::debug!(file = %path.display(), "waiting for the endpoint's status file");
         let watched = path.clone();
-        let found = tokio::task::spawn_blocking(move || wait_for_file(&watched, until))
+        let found = crate::handoff::spawn_blocking(move || wait_for_file(&watched, until))
             .await
             .unwrap_or(false);
         if found {

@@ -68,7 +68,7 @@ fn journal(conf: &NetConf) -> Journal {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    tokio::task::spawn_blocking(f).await.ok()
+    crate::handoff::spawn_blocking(f).await.ok()
 }
 
 /// Whether a failed DEL is worth recording: not for a config or

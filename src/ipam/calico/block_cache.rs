@@ -228,7 +228,7 @@ pub(super) fn write_whole(
 pub(super) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
-    tokio::task::spawn_blocking(work).await.ok()
+    crate::handoff::spawn_blocking(work).await.ok()
 }
 
 #[cfg(test)]

@@ -122,7 +122,7 @@ fn lock_file(file: File, how: FlockArg) -> std::io::Result<Option<Flock<File>>> 
 /// with the datastore and the dataplane). `None` when it cannot be opened:
 /// [`acquire_posting`] opens it again and reports why.
 pub async fn open_ahead(path: PathBuf) -> Option<File> {
-    tokio::task::spawn_blocking(move || open(&path))
+    crate::handoff::spawn_blocking(move || open(&path))
         .await
         .ok()?
         .ok()
@@ -160,7 +160,9 @@ pub async fn acquire_posting(
         None => {
             tokio::time::timeout_at(
                 deadline,
-                tokio::task::spawn_blocking(move || lock(&owned, FlockArg::LockExclusiveNonblock)),
+                crate::handoff::spawn_blocking(move || {
+                    lock(&owned, FlockArg::LockExclusiveNonblock)
+                }),
             )
             .await
         }
@@ -172,7 +174,7 @@ pub async fn acquire_posting(
         // Held by another call (or the pool failed): wait for it.
         Ok(Ok(Ok(None))) | Ok(Err(_)) => {
             if let Some(post) = post {
-                let done = tokio::time::timeout_at(deadline, tokio::task::spawn_blocking(post));
+                let done = tokio::time::timeout_at(deadline, crate::handoff::spawn_blocking(post));
                 posted = matches!(done.await, Ok(Ok(true)));
             }
             wait(path, deadline).await
