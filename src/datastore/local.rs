@@ -47,7 +47,7 @@ use std::fmt;
 use std::fs::{DirBuilder, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -90,7 +90,7 @@ INSERT OR IGNORE INTO counter (id, last_revision) VALUES (1, 0);
 /// busy timeout given at open.
 pub struct LocalStore {
     conn: Arc<Mutex<Connection>>,
-    queue: Arc<Mutex<Queue>>,
+    queue: Arc<Queue>,
     /// The WAL file, whose size tells when to checkpoint.
     wal: std::path::PathBuf,
 }
@@ -218,10 +218,11 @@ impl LocalStore {
             drop(in_flight);
         });
         let start = {
-            let mut queue = lock(&self.queue);
-            queue.jobs.push(job);
-            !std::mem::replace(&mut queue.draining, true)
+            let mut state = lock(&self.queue.state);
+            state.jobs.push(job);
+            !std::mem::replace(&mut state.draining, true)
         };
+        self.queue.post();
         if start {
             // Not counted as the call's blocking work (`handoff::spawn_blocking`):
             // every job answers a caller that awaits it, and once the store
@@ -238,39 +239,60 @@ impl LocalStore {
 /// An operation waiting for the connection.
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
-/// The operations waiting for the connection, whether a thread of the
-/// blocking pool is already on its way to run them, and whether the store
-/// is closed (dropped: no operation will come).
+/// The operations waiting for the connection, and a count of posts (a
+/// job queued, or the store closed) that a thread waiting awake for work
+/// polls without taking the lock: polling the lock itself made every
+/// hand-off contend for it (the pushing thread put to sleep on a futex).
 #[derive(Default)]
 struct Queue {
+    state: Mutex<QueueState>,
+    posts: AtomicUsize,
+}
+
+/// The queued operations, whether a thread of the blocking pool is already
+/// on its way to run them, and whether the store is closed (dropped: no
+/// operation will come).
+#[derive(Default)]
+struct QueueState {
     jobs: Vec<Job>,
     draining: bool,
     closed: bool,
 }
 
+impl Queue {
+    /// Tells a waiting thread that the state changed (after the change).
+    fn post(&self) {
+        self.posts.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// Runs queued operations until none is left, nor comes within
 /// [`crate::handoff::SPIN`] (a panicking one answers nothing: its caller
-/// sees the worker fail).
-fn drain(conn: &Mutex<Connection>, queue: &Mutex<Queue>) {
+/// sees the worker fail). Once the store is closed it leaves as soon as
+/// the queue is empty: the runtime's shutdown may wait for this thread.
+fn drain(conn: &Mutex<Connection>, queue: &Queue) {
     let mut conn = lock(conn);
     loop {
-        // The next job is usually microseconds away: wait for it awake
-        // (not once the store is closed: the runtime's shutdown waits for
-        // this thread).
-        let next = || {
-            let mut queue = lock(queue);
-            (!queue.jobs.is_empty() || queue.closed).then(|| std::mem::take(&mut queue.jobs))
-        };
-        let mut jobs = next()
-            .or_else(|| crate::handoff::wait_for(next))
-            .unwrap_or_default();
-        if jobs.is_empty() {
-            let mut queue = lock(queue);
-            if queue.jobs.is_empty() {
-                queue.draining = false;
+        let seen = queue.posts.load(Ordering::SeqCst);
+        let jobs = {
+            let mut state = lock(&queue.state);
+            if state.jobs.is_empty() && state.closed {
+                state.draining = false;
                 return;
             }
-            jobs = std::mem::take(&mut queue.jobs);
+            std::mem::take(&mut state.jobs)
+        };
+        if jobs.is_empty() {
+            // The next job is usually microseconds away: wait for it awake.
+            let posted = || (queue.posts.load(Ordering::SeqCst) != seen).then_some(());
+            if crate::handoff::wait_for(posted).is_none() {
+                let mut state = lock(&queue.state);
+                if state.jobs.is_empty() {
+                    state.draining = false;
+                    return;
+                }
+            }
+            continue;
         }
         for job in jobs {
             let conn = &mut *conn;
@@ -430,7 +452,8 @@ impl Drop for LocalStore {
     fn drop(&mut self) {
         // A thread waiting for the next operation leaves now (and with it
         // the connection's lock, which the checkpoint takes).
-        lock(&self.queue).closed = true;
+        lock(&self.queue.state).closed = true;
+        self.queue.post();
         let frames = std::fs::metadata(&self.wal).map_or(0, |m| m.len() / WAL_FRAME_BYTES);
         if frames < WAL_CHECKPOINT_FRAMES {
             return;
