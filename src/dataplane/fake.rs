@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use tokio::time::Instant;
 
 use crate::dataplane::CleanupOutcome;
-use crate::dataplane::netlink::{AddrState, LinkState, Netlink, RouteSpec, VethSpec};
+use crate::dataplane::netlink::{AddrState, Ipv4Conf, LinkState, Netlink, RouteSpec, VethSpec};
 use crate::dataplane::sysctl::Sysctl;
 use crate::dataplane::veth::{Namespaces, PodSide, SysctlWriter, VethDataplane};
 use crate::dataplane::{DataplaneError, MacAddr};
@@ -183,8 +183,22 @@ impl Netlink for FakeNetlink {
         self.insert_pair(spec)
     }
 
-    async fn set_up(&self, index: u32) -> Result<(), DataplaneError> {
-        self.record(format!("up {index}"))?;
+    async fn set_up(&self, index: u32, ipv4: Ipv4Conf) -> Result<(), DataplaneError> {
+        if ipv4 == Ipv4Conf::default() {
+            self.record(format!("up {index}"))?;
+        } else {
+            let Ipv4Conf {
+                forwarding,
+                proxy_arp,
+                route_localnet,
+            } = ipv4;
+            self.record(format!(
+                "up {index} forwarding={} proxy_arp={} route_localnet={}",
+                u8::from(forwarding),
+                u8::from(proxy_arp),
+                u8::from(route_localnet)
+            ))?;
+        }
         let mut s = self.state.lock().unwrap();
         let mut ll = None;
         for l in s.links.iter_mut().filter(|l| l.index == index) {
@@ -199,6 +213,10 @@ impl Netlink for FakeNetlink {
             });
         }
         Ok(())
+    }
+
+    async fn set_proxy_delay(&self, index: u32, delay_ms: u64) -> Result<(), DataplaneError> {
+        self.record(format!("proxy_delay {delay_ms} dev {index}"))
     }
 
     async fn add_address(&self, index: u32, addr: IpNet) -> Result<(), DataplaneError> {
@@ -436,9 +454,22 @@ mod tests {
         assert_eq!(host_log[0], "host: delete cali12345678901");
         assert!(host_log.contains(&"host: route 10.0.0.5/32 dev 101 scope link".to_string()));
         assert!(host_log.contains(&"host: route fd00::5/128 dev 101 scope link".to_string()));
-        let w = sysctls.written.lock().unwrap().clone();
+        // The host veth's IPv4 settings go with its up, through netlink.
         for want in [
-            "host net/ipv4/conf/cali12345678901/proxy_arp=1",
+            "host: up 101 forwarding=1 proxy_arp=1 route_localnet=1",
+            "host: proxy_delay 0 dev 101",
+        ] {
+            assert!(
+                host_log.iter().any(|l| l == want),
+                "missing {want}: {host_log:?}"
+            );
+        }
+        let w = sysctls.written.lock().unwrap().clone();
+        assert!(
+            !w.iter().any(|s| s.starts_with("host net/ipv4/")),
+            "IPv4 host settings written in /proc/sys: {w:?}"
+        );
+        for want in [
             "host net/ipv6/conf/cali12345678901/accept_dad=0",
             "pod net/ipv6/conf/eth0/accept_dad=0",
             "pod net/ipv4/ip_forward=0",

@@ -6,17 +6,21 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use ipnet::IpNet;
 use rtnetlink::packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
     NetlinkPayload,
 };
+use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use rtnetlink::packet_route::link::{
-    InfoData, InfoKind, InfoNetkit, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
-    NetkitMode, NetkitPolicy, NetkitScrub,
+    AfSpecInet, AfSpecUnspec, InetDevConf, InfoData, InfoKind, InfoNetkit, InfoVeth, LinkAttribute,
+    LinkFlags, LinkInfo, LinkMessage, NetkitMode, NetkitPolicy, NetkitScrub,
+};
+use rtnetlink::packet_route::neighbour_table::{
+    NeighbourTableAttribute, NeighbourTableMessage, NeighbourTableParameter,
 };
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteVia,
@@ -69,6 +73,31 @@ pub struct RouteSpec {
     pub scope_link: bool,
 }
 
+/// IPv4 settings of one interface (the values behind
+/// `/proc/sys/net/ipv4/conf/<if>/`), turned on with the link's up in the
+/// same request (`IFLA_AF_SPEC`, `AF_INET`'s devconf). A request can only
+/// turn settings on: the kernel's devconf request carries the non-zero
+/// ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ipv4Conf {
+    pub forwarding: bool,
+    pub proxy_arp: bool,
+    pub route_localnet: bool,
+}
+
+impl Ipv4Conf {
+    fn devconf(self) -> Option<InetDevConf> {
+        if self == Ipv4Conf::default() {
+            return None;
+        }
+        let mut conf = InetDevConf::default();
+        conf.forwarding = self.forwarding.into();
+        conf.proxy_arp = self.proxy_arp.into();
+        conf.route_localnet = self.route_localnet.into();
+        Some(conf)
+    }
+}
+
 #[async_trait::async_trait]
 pub trait Netlink: Send + Sync {
     /// The link called `name`, if any.
@@ -79,7 +108,11 @@ pub trait Netlink: Send + Sync {
     /// A netkit pair as Calico makes one ([`netkit_message`]); a kernel
     /// without netkit answers EOPNOTSUPP ([`DataplaneError::is_unsupported`]).
     async fn create_netkit(&self, spec: &VethSpec) -> Result<(), DataplaneError>;
-    async fn set_up(&self, index: u32) -> Result<(), DataplaneError>;
+    /// Brings the link up, turning on `ipv4`'s settings in the same request.
+    async fn set_up(&self, index: u32, ipv4: Ipv4Conf) -> Result<(), DataplaneError>;
+    /// The link's IPv4 ARP proxy delay (`/proc/sys/net/ipv4/neigh/<if>/proxy_delay`),
+    /// through RTM_SETNEIGHTBL.
+    async fn set_proxy_delay(&self, index: u32, delay_ms: u64) -> Result<(), DataplaneError>;
     /// Adds an address; IPv6 addresses skip duplicate address detection.
     async fn add_address(&self, index: u32, addr: IpNet) -> Result<(), DataplaneError>;
     async fn addresses(&self, index: u32, v6: bool) -> Result<Vec<AddrState>, DataplaneError>;
@@ -427,13 +460,48 @@ impl Netlink for RtNetlink {
         .await
     }
 
-    async fn set_up(&self, index: u32) -> Result<(), DataplaneError> {
+    async fn set_up(&self, index: u32, ipv4: Ipv4Conf) -> Result<(), DataplaneError> {
+        let mut msg = LinkUnspec::new_with_index(index).up().build();
+        if let Some(conf) = ipv4.devconf() {
+            msg.attributes
+                .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+                    AfSpecInet::DevConfRequest(conf),
+                ])]));
+        }
         self.handle
             .link()
-            .set(LinkUnspec::new_with_index(index).up().build())
+            .set(msg)
             .execute()
             .await
             .map_err(|e| nl_err(&format!("set link {index} up"), e))
+    }
+
+    async fn set_proxy_delay(&self, index: u32, delay_ms: u64) -> Result<(), DataplaneError> {
+        let op = format!("set the ARP proxy delay of link {index}");
+        let mut table = NeighbourTableMessage::default();
+        table.header.family = AddressFamily::Inet;
+        table.attributes = vec![
+            NeighbourTableAttribute::Name("arp_cache".into()),
+            NeighbourTableAttribute::Parms(vec![
+                NeighbourTableParameter::Ifindex(index),
+                NeighbourTableParameter::ProxyDelay(delay_ms),
+            ]),
+        ];
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::SetNeighbourTable(table));
+        request.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        let mut answers = self
+            .handle
+            .clone()
+            .request(request)
+            .map_err(|e| nl_err(&op, e))?;
+        while let Some(answer) = answers.next().await {
+            if let NetlinkPayload::Error(e) = answer.payload
+                && let Some(code) = e.code
+            {
+                return Err(errno_error(&op, -code.get()));
+            }
+        }
+        Ok(())
     }
 
     async fn add_address(&self, index: u32, addr: IpNet) -> Result<(), DataplaneError> {

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 
 use crate::dataplane::DataplaneError;
+use crate::dataplane::netlink::Ipv4Conf;
 
 /// One sysctl write; `required: false` failures are only logged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,15 +33,27 @@ fn try_set(key: String, value: &'static str) -> Sysctl {
     }
 }
 
-/// Host-side sysctls for host veth `h`.
-pub fn host_side(h: &str, has_v4: bool, has_v6: bool) -> Vec<Sysctl> {
-    let mut out = Vec::new();
-    if has_v4 {
-        out.push(set(format!("net/ipv4/conf/{h}/route_localnet"), "1"));
-        out.push(try_set(format!("net/ipv4/neigh/{h}/proxy_delay"), "0"));
-        out.push(set(format!("net/ipv4/conf/{h}/proxy_arp"), "1"));
-        out.push(set(format!("net/ipv4/conf/{h}/forwarding"), "1"));
+/// The host veth's IPv4 settings, given through netlink with its up (the
+/// same values `/proc/sys/net/ipv4/conf/<h>/` then shows): no file to
+/// open, write and close for each, and no flush of the node's route cache
+/// that a changed `forwarding` or `route_localnet` file triggers (BENCHMARKS.md,
+/// session 25).
+pub fn host_ipv4(has_v4: bool) -> Ipv4Conf {
+    Ipv4Conf {
+        forwarding: has_v4,
+        proxy_arp: has_v4,
+        route_localnet: has_v4,
     }
+}
+
+/// The host veth's ARP proxy delay (`net/ipv4/neigh/<h>/proxy_delay`), in
+/// ms, set through netlink for an IPv4 pod; a failure is only logged.
+pub const HOST_PROXY_DELAY_MS: u64 = 0;
+
+/// Host-side sysctls for host veth `h` written in /proc/sys (the IPv4 ones
+/// go through netlink: [`host_ipv4`], [`HOST_PROXY_DELAY_MS`]).
+pub fn host_side(h: &str, has_v6: bool) -> Vec<Sysctl> {
+    let mut out = Vec::new();
     if has_v6 {
         out.push(set(format!("net/ipv6/conf/{h}/accept_dad"), "0"));
         out.push(set(format!("net/ipv6/conf/{h}/disable_ipv6"), "0"));

@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use tokio::time::Instant;
 
 use crate::dataplane::namespace_cleanup;
-use crate::dataplane::netlink::{Netlink, RouteSpec, RtNetlink, VethSpec};
+use crate::dataplane::netlink::{Ipv4Conf, Netlink, RouteSpec, RtNetlink, VethSpec};
 use crate::dataplane::netns::NetNs;
 use crate::dataplane::sysctl::{self, Sysctl};
 use crate::dataplane::{
@@ -515,35 +515,56 @@ impl PodNetwork {
         let has_v4 = req.ips.iter().any(|ip| ip.addr().is_ipv4());
         let has_v6 = req.ips.iter().any(|ip| ip.addr().is_ipv6());
         // Sysctl writes are blocking file I/O (the pod's on a thread inside
-        // its netns): both run on the blocking pool at once, never on the
-        // runtime's thread, within the deadline.
-        let host_sysctls = sysctl::host_side(&req.host_veth, has_v4, has_v6);
+        // its netns, or through a file opened there ahead): one job of the
+        // blocking pool does both sides (an IPv4 pod's are two writes),
+        // never the runtime's thread, within the deadline.
+        let host_sysctls = sysctl::host_side(&req.host_veth, has_v6);
         let pod_sysctls =
             sysctl::container_side(&req.ifname, has_v4, has_v6, req.allow_ip_forwarding);
-        let (writer_host, writer_pod) = (Arc::clone(&self.sysctls), Arc::clone(&self.sysctls));
-        let blocking = |r: Result<Result<(), DataplaneError>, tokio::task::JoinError>| {
-            r.map_err(|e| DataplaneError::Sysctl(format!("the sysctl writer failed: {e}")))?
-        };
-        let (host, pod) = tokio::time::timeout_at(req.deadline, async {
-            tokio::join!(
-                crate::handoff::spawn_blocking(move || writer_host.host(&host_sysctls)),
-                crate::handoff::spawn_blocking(move || writer_pod.pod(&pod_sysctls))
-            )
-        })
+        let writer = Arc::clone(&self.sysctls);
+        let written = tokio::time::timeout_at(
+            req.deadline,
+            crate::handoff::spawn_blocking(move || {
+                (writer.host(&host_sysctls), writer.pod(&pod_sysctls))
+            }),
+        )
         .await
         .map_err(|_| DataplaneError::Timeout("timed out writing sysctls".into()))?;
-        blocking(host).map_err(|e| {
+        let (host, pod) = written
+            .map_err(|e| DataplaneError::Sysctl(format!("the sysctl writer failed: {e}")))?;
+        host.map_err(|e| {
             DataplaneError::Sysctl(format!(
                 "error configuring sysctls for interface: {}, error: {e}",
                 req.host_veth
             ))
         })?;
-        blocking(pod).map_err(|e| {
+        pod.map_err(|e| {
             DataplaneError::Sysctl(format!(
                 "error configuring sysctls for the container netns, error: {e}"
             ))
         })?;
-        tokio::try_join!(self.host.set_up(p.host_index), self.pod.set_up(p.pod_index))?;
+        let proxy_delay = async {
+            if !has_v4 {
+                return;
+            }
+            if let Err(e) = self
+                .host
+                .set_proxy_delay(p.host_index, sysctl::HOST_PROXY_DELAY_MS)
+                .await
+            {
+                tracing::warn!(veth = %req.host_veth, "failed to set the ARP proxy delay: {e}");
+            }
+        };
+        let (up, ()) = tokio::join!(
+            async {
+                tokio::try_join!(
+                    self.host.set_up(p.host_index, sysctl::host_ipv4(has_v4)),
+                    self.pod.set_up(p.pod_index, Ipv4Conf::default())
+                )
+            },
+            proxy_delay
+        );
+        up?;
 
         // The IPv6 gateway is the host veth's link-local address.
         let gw6 = if has_v6 {
