@@ -190,7 +190,10 @@ mod tests {
             .build()
             .unwrap();
         let (release, released) = std::sync::mpsc::channel::<()>();
-        let work = runtime.block_on(async { spawn_blocking(move || released.recv()) });
+        let work = {
+            let _inside = runtime.enter();
+            spawn_blocking(move || released.recv())
+        };
         assert!(blocking_work_running());
         release.send(()).unwrap();
         runtime.block_on(work).unwrap().unwrap();
