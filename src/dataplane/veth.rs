@@ -483,8 +483,10 @@ impl PodNetwork {
     }
 
     /// The rest of DoNetworking, once the addresses are known: sysctls
-    /// (before the links go up, so DAD is already off), links up, container
-    /// routes and addresses, host routes. On failure the pair is removed.
+    /// (before the links go up, so DAD is already off), links up (the host
+    /// veth's IPv4 settings with its up, its ARP proxy delay beside it),
+    /// container routes and addresses, host routes. On failure the pair is
+    /// removed.
     pub async fn finish(
         &self,
         p: &Prepared,
