@@ -545,28 +545,23 @@ impl PodNetwork {
                 "error configuring sysctls for the container netns, error: {e}"
             ))
         })?;
+        // The proxy delay's failure is only logged, as its sysctl's was.
         let proxy_delay = async {
-            if !has_v4 {
-                return;
-            }
-            if let Err(e) = self
-                .host
-                .set_proxy_delay(p.host_index, sysctl::HOST_PROXY_DELAY_MS)
-                .await
+            if has_v4
+                && let Err(e) = self
+                    .host
+                    .set_proxy_delay(p.host_index, sysctl::HOST_PROXY_DELAY_MS)
+                    .await
             {
                 tracing::warn!(veth = %req.host_veth, "failed to set the ARP proxy delay: {e}");
             }
+            Ok(())
         };
-        let (up, ()) = tokio::join!(
-            async {
-                tokio::try_join!(
-                    self.host.set_up(p.host_index, sysctl::host_ipv4(has_v4)),
-                    self.pod.set_up(p.pod_index, Ipv4Conf::default())
-                )
-            },
+        tokio::try_join!(
+            self.host.set_up(p.host_index, sysctl::host_ipv4(has_v4)),
+            self.pod.set_up(p.pod_index, Ipv4Conf::default()),
             proxy_delay
-        );
-        up?;
+        )?;
 
         // The IPv6 gateway is the host veth's link-local address.
         let gw6 = if has_v6 {

@@ -217,13 +217,7 @@ impl LocalStore {
             let _ = answer.send(op(conn));
             drop(in_flight);
         });
-        let start = {
-            let mut state = lock(&self.queue.state);
-            state.jobs.push(job);
-            !std::mem::replace(&mut state.draining, true)
-        };
-        self.queue.post();
-        if start {
+        if self.queue.push(job) {
             // Not counted as the call's blocking work (`handoff::spawn_blocking`):
             // every job answers a caller that awaits it, and once the store
             // is dropped the thread only waits to leave.
@@ -260,6 +254,24 @@ struct QueueState {
 }
 
 impl Queue {
+    /// Queues `job`; `true` when no thread is on its way to run it (the
+    /// caller starts one).
+    fn push(&self, job: Job) -> bool {
+        let start = {
+            let mut state = lock(&self.state);
+            state.jobs.push(job);
+            !std::mem::replace(&mut state.draining, true)
+        };
+        self.post();
+        start
+    }
+
+    /// No job will come: a waiting thread leaves once the queue is empty.
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.post();
+    }
+
     /// Tells a waiting thread that the state changed (after the change).
     fn post(&self) {
         self.posts.fetch_add(1, Ordering::SeqCst);
@@ -452,8 +464,7 @@ impl Drop for LocalStore {
     fn drop(&mut self) {
         // A thread waiting for the next operation leaves now (and with it
         // the connection's lock, which the checkpoint takes).
-        lock(&self.queue.state).closed = true;
-        self.queue.post();
+        self.queue.close();
         let frames = std::fs::metadata(&self.wal).map_or(0, |m| m.len() / WAL_FRAME_BYTES);
         if frames < WAL_CHECKPOINT_FRAMES {
             return;
