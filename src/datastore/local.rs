@@ -745,16 +745,31 @@ fn update_in(tx: &Connection, kind: &Kind, mut object: Value) -> Result<Value, D
             "metadata.resourceVersion is required to update {described}"
         )));
     }
-    let current = get(tx, kind, &namespace, &name)?
+    // The stored row's revision, uid and creation time, not the whole
+    // object: decoding a block of many allocations only to compare its
+    // revision cost more than the rest of the write.
+    let (revision, uid, created) = tx
+        .prepare_cached(
+            "SELECT revision, uid, json_extract(value, '$.metadata.creationTimestamp')
+             FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+        )?
+        .query_row(params![kind.name, namespace, name], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+            ))
+        })
+        .optional()?
         .ok_or_else(|| DatastoreError::NotFound(described.clone()))?;
-    if meta_field(&current, "resourceVersion") != expected {
+    if revision.to_string() != expected {
         return Err(DatastoreError::Conflict(described));
     }
-    set_meta(&mut object, "uid", meta_field(&current, "uid"))?;
+    set_meta(&mut object, "uid", &uid)?;
     set_meta(
         &mut object,
         "creationTimestamp",
-        meta_field(&current, "creationTimestamp"),
+        created.as_deref().unwrap_or_default(),
     )?;
     put(tx, kind, object)
 }
@@ -1047,6 +1062,7 @@ mod tests {
         let mut changed = created.clone();
         changed.spec.profiles = vec!["kns.ns1".into()];
         changed.metadata.uid = "ignored".into();
+        changed.metadata.creation_timestamp = "1999-01-01T00:00:00Z".into();
         changed.metadata.labels.clear();
         let updated = run(store.s().update(&mut changed.clone())).unwrap();
         assert_eq!(updated.metadata.uid, created.metadata.uid);
