@@ -473,11 +473,25 @@ impl Drop for LocalStore {
         // Fail fast when another process is reading or writing: one of the
         // next closers will do it.
         let _ = conn.busy_handler(None::<fn(i32) -> bool>);
-        match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-            r.get::<_, i64>(0)
-        }) {
-            Ok(0) => tracing::debug!(frames, "checkpointed and truncated the WAL"),
-            Ok(_) => tracing::debug!(frames, "WAL checkpoint deferred: the store is busy"),
+        // First the frames are copied into the database (and both files
+        // synced) by a passive checkpoint, which no other process's reads
+        // or writes wait for; then, when that copied them all, a truncating
+        // one starts the WAL over, holding the write lock only for the
+        // truncation (a truncating checkpoint alone holds it through the
+        // copy and both fsyncs: every write of a burst waited behind it).
+        let checkpoint = |mode: &str| {
+            conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+            })
+        };
+        let outcome = match checkpoint("PASSIVE") {
+            Ok((_, log, copied)) if copied < log => Ok(false),
+            Ok(_) => checkpoint("TRUNCATE").map(|(busy, _, _)| busy == 0),
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(true) => tracing::debug!(frames, "checkpointed and truncated the WAL"),
+            Ok(false) => tracing::debug!(frames, "WAL checkpoint deferred: the store is busy"),
             Err(e) => tracing::debug!(frames, "WAL checkpoint failed: {e}"),
         }
     }
