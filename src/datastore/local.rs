@@ -481,7 +481,11 @@ impl Drop for LocalStore {
         // copy and both fsyncs: every write of a burst waited behind it).
         let checkpoint = |mode: &str| {
             conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
             })
         };
         let outcome = match checkpoint("PASSIVE") {
@@ -614,22 +618,34 @@ fn list(
     };
     // `name >= prefix` lets SQLite range-scan the primary key; the substr
     // test is exact (no LIKE wildcards to escape).
-    // A namespaced kind listed in namespace "" is listed in every one.
+    // A namespaced kind listed in namespace "" is listed in every one, and
+    // only then are the rows sorted: in one namespace (a cluster-scoped
+    // kind's is "") the primary key's order is the name's, and a sort
+    // would cost an ephemeral b-tree, set up and torn down for each list.
     let every = kind.namespaced && namespace.is_empty();
-    let mut statement = conn.prepare_cached(
+    let mut statement = conn.prepare_cached(if every {
         "SELECT namespace, name, revision, value FROM resources
-         WHERE kind = ?1 AND (?4 OR namespace = ?2)
-           AND name >= ?3 AND substr(name, 1, length(?3)) = ?3
-         ORDER BY name, namespace",
-    )?;
-    let rows = statement.query_map(params![kind.name, namespace, prefix, every], |row| {
+         WHERE kind = ?1 AND name >= ?2 AND substr(name, 1, length(?2)) = ?2
+         ORDER BY name, namespace"
+    } else {
+        "SELECT namespace, name, revision, value FROM resources
+         WHERE kind = ?1 AND name >= ?2 AND substr(name, 1, length(?2)) = ?2
+           AND namespace = ?3
+         ORDER BY kind, namespace, name"
+    })?;
+    let columns = |row: &rusqlite::Row<'_>| {
         Ok((
             row.get::<_, String>(0)?,
             row.get::<_, String>(1)?,
             row.get::<_, i64>(2)?,
             row.get::<_, String>(3)?,
         ))
-    })?;
+    };
+    let rows = if every {
+        statement.query_map(params![kind.name, prefix], columns)?
+    } else {
+        statement.query_map(params![kind.name, prefix, namespace], columns)?
+    };
     let mut found = Vec::new();
     for row in rows {
         let (namespace, name, revision, value) = row?;
@@ -1061,7 +1077,24 @@ mod tests {
             names("ns2", "node1-k8s-mypod-"),
             ["ns2/node1-k8s-mypod-eth0"]
         );
-        assert_eq!(names("ns1", "node1").len(), 4);
+        assert_eq!(
+            names("ns1", "node1"),
+            [
+                "ns1/node1-k8s-mypod--1-eth0",
+                "ns1/node1-k8s-mypod-eth0",
+                "ns1/node1-k8s-other-eth0",
+                "ns1/node1xk8s-mypod-eth0"
+            ]
+        );
+        // Every namespace: by name, then namespace.
+        assert_eq!(
+            names("", "node1-k8s-mypod-"),
+            [
+                "ns1/node1-k8s-mypod--1-eth0",
+                "ns1/node1-k8s-mypod-eth0",
+                "ns2/node1-k8s-mypod-eth0"
+            ]
+        );
         assert!(names("ns1", "node1_").is_empty());
         assert!(names("ns1", "node1%").is_empty());
         assert!(names("ns3", "").is_empty());
