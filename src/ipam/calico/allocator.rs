@@ -717,10 +717,15 @@ impl<'a> Allocator<'a> {
         // Read ahead of the lock, the node's labels too when a pool's node
         // selector will need them, as soon as the pools say so (a failure
         // is left for the assignment to meet, and report, when it asks).
-        // Where reads made at once cost one request, the node is read with
-        // the pools rather than after them, in case they need it.
+        // Where reads made at once cost one request (etcd), and on the
+        // Kubernetes API, whose requests go at once on one connection, the
+        // node is read with the pools rather than after them, in case they
+        // need it (Calico reads it for every assignment): waiting for the
+        // pools put the node's round trip between the reads and the lock.
+        let with_pools = self.store.reads_together()
+            || self.store.backend() == crate::datastore::Backend::Kubernetes;
         let pools = async {
-            if ahead && self.store.reads_together() {
+            if ahead && with_pools {
                 let (pools, _) = tokio::join!(self.pools(), req.labels.node_labels());
                 return pools;
             }
