@@ -489,7 +489,7 @@ impl Drop for LocalStore {
             })
         };
         let outcome = match checkpoint("PASSIVE") {
-            Ok((_, log, copied)) if copied < log => Ok(false),
+            Ok((busy, log, copied)) if busy != 0 || copied < log => Ok(false),
             Ok(_) => checkpoint("TRUNCATE").map(|(busy, _, _)| busy == 0),
             Err(e) => Err(e),
         };
@@ -980,6 +980,56 @@ mod tests {
             .unwrap()
             .len(),
             200
+        );
+    }
+
+    /// A reader holding an old snapshot (another process mid-call) keeps
+    /// the WAL from being started over: closers past the threshold defer
+    /// (nothing is lost); once it is gone, the next closer checkpoints and
+    /// truncates the WAL.
+    #[test]
+    fn a_checkpoint_defers_while_a_reader_holds_the_wal_and_truncates_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        drop(LocalStore::open(&path, TIMEOUT).unwrap());
+        let wal_frames = || {
+            std::fs::metadata(dir.path().join("store.db-wal")).map_or(0, |m| m.len()) / (24 + 4096)
+        };
+        let reader = Connection::open(&path).unwrap();
+        // (As the plugin's own connections: closing it checkpoints nothing.)
+        reader
+            .set_db_config(
+                rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                true,
+            )
+            .unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT count(*) FROM resources", [], |r| r.get(0))
+            .unwrap();
+        for i in 0..60 {
+            let store = LocalStore::open(&path, TIMEOUT).unwrap();
+            run(store
+                .s()
+                .create(&mut k8s_wep("ns", &format!("wep-{i:03}")).clone()))
+            .unwrap();
+        }
+        let held = wal_frames();
+        assert!(held > WAL_CHECKPOINT_FRAMES + 8, "{held} frames");
+        reader.execute_batch("COMMIT").unwrap();
+        drop(reader);
+        let store = LocalStore::open(&path, TIMEOUT).unwrap();
+        run(store.s().create(&mut k8s_wep("ns", "wep-last").clone())).unwrap();
+        drop(store);
+        assert_eq!(wal_frames(), 0);
+        let store = LocalStore::open(&path, TIMEOUT).unwrap();
+        assert_eq!(
+            run(store
+                .s()
+                .list::<WorkloadEndpoint>("ns", &ListFilter::NamePrefix(String::new())))
+            .unwrap()
+            .len(),
+            61
         );
     }
 
