@@ -953,6 +953,20 @@ mod tests {
         }
     }
 
+    /// What one plugin process does to the store at `path`: open it,
+    /// create one endpoint (`ns/name`), close it.
+    fn one_call_writes(path: &Path, name: &str) {
+        let store = LocalStore::open(path, TIMEOUT).unwrap();
+        run(store.s().create(&mut k8s_wep("ns", name).clone())).unwrap();
+    }
+
+    /// The size of the WAL file of the store at `path` (0 when absent).
+    fn wal_bytes(path: &Path) -> u64 {
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        std::fs::metadata(wal).map_or(0, |m| m.len())
+    }
+
     /// One short-lived process after another (each opens, writes, closes):
     /// the WAL stays short, everything written survives, and the file
     /// never needs more than the occasional checkpoint.
@@ -961,13 +975,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db");
         for i in 0..200 {
-            let store = LocalStore::open(&path, TIMEOUT).unwrap();
-            run(store
-                .s()
-                .create(&mut k8s_wep("ns", &format!("wep-{i:03}")).clone()))
-            .unwrap();
+            one_call_writes(&path, &format!("wep-{i:03}"));
         }
-        let wal = std::fs::metadata(dir.path().join("store.db-wal")).map_or(0, |m| m.len());
+        let wal = wal_bytes(&path);
         assert!(
             wal <= (WAL_CHECKPOINT_FRAMES + 8) * WAL_FRAME_BYTES,
             "WAL grew to {wal} bytes"
@@ -992,9 +1002,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db");
         drop(LocalStore::open(&path, TIMEOUT).unwrap());
-        let wal_frames = || {
-            std::fs::metadata(dir.path().join("store.db-wal")).map_or(0, |m| m.len()) / (24 + 4096)
-        };
+        let wal_frames = || wal_bytes(&path) / WAL_FRAME_BYTES;
         let reader = Connection::open(&path).unwrap();
         // (As the plugin's own connections: closing it checkpoints nothing.)
         reader
@@ -1008,19 +1016,13 @@ mod tests {
             .query_row("SELECT count(*) FROM resources", [], |r| r.get(0))
             .unwrap();
         for i in 0..60 {
-            let store = LocalStore::open(&path, TIMEOUT).unwrap();
-            run(store
-                .s()
-                .create(&mut k8s_wep("ns", &format!("wep-{i:03}")).clone()))
-            .unwrap();
+            one_call_writes(&path, &format!("wep-{i:03}"));
         }
         let held = wal_frames();
         assert!(held > WAL_CHECKPOINT_FRAMES + 8, "{held} frames");
         reader.execute_batch("COMMIT").unwrap();
         drop(reader);
-        let store = LocalStore::open(&path, TIMEOUT).unwrap();
-        run(store.s().create(&mut k8s_wep("ns", "wep-last").clone())).unwrap();
-        drop(store);
+        one_call_writes(&path, "wep-last");
         assert_eq!(wal_frames(), 0);
         let store = LocalStore::open(&path, TIMEOUT).unwrap();
         assert_eq!(
