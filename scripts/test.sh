@@ -15,9 +15,9 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping containernetworking-plugins time sqlite3 \
   openssl curl jq runc iptables strace netcat-openbsd musl-tools >/dev/null
-# The build's target (.cargo/config.toml): the musl std, once per toolchain.
-rustup target list --installed | grep -qx x86_64-unknown-linux-musl ||
-  rustup target add x86_64-unknown-linux-musl
+# The toolchain and the musl target rust-toolchain.toml names (rustup would
+# fetch them at the first cargo call, unless RUSTUP_AUTO_INSTALL=0).
+rustup toolchain install
 bash scripts/install-cnitool.sh
 
 bash scripts/peers.sh --e2e
@@ -54,4 +54,7 @@ cargo build --locked --release --bins --examples
 # The release link: fails when link/symbol-order.txt has gone stale.
 bash scripts/check-symbol-order.sh
 cargo run --locked --release --example bench -- --smoke
+# The README's run command on a machine with nothing but Rust: a rustup home
+# with the host target only, no musl-gcc on PATH (copies; a cold release build).
+bash scripts/first-command.sh
 echo "test.sh: all done in $((SECONDS - t0)) s"
