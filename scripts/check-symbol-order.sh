@@ -4,7 +4,7 @@
 # names are not symbols of the release `calico`. lld skips such names without
 # a word (build.rs passes --no-warn-symbol-ordering, and rustc hides linker
 # warnings anyway), the hot code is no longer packed, and peak RSS creeps
-# back up (BENCHMARKS.md, item 9). Regenerate with scripts/symbol-order.sh.
+# back up (BENCHMARKS.md, "The symbol order and peak RSS"). Regenerate with scripts/symbol-order.sh.
 #
 # No second build: build.rs has the release link write its map (mangled
 # names) to $OUT_DIR/calico.map, which lists every symbol of the output, as

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzzes the plugin's parsers (issue 13): every cargo-fuzz target of fuzz/
+# Fuzzes the plugin's parsers: every cargo-fuzz target of fuzz/
 # (or those named in FUZZ_TARGETS) for ${FUZZ_SECONDS:-60} s each, one
 # process at a time, with AddressSanitizer and debug assertions. Installs
 # cargo-fuzz if it is missing. cargo-fuzz needs nightly's -Z flags:

@@ -20,13 +20,15 @@
 //!
 //! A waiting thread stops at the first yield that ran another thread (the
 //! machine is busy: its CPU is wanted), so under load it costs a yield and
-//! takes no CPU from the calls around it. BENCHMARKS.md, session 24.
+//! takes no CPU from the calls around it. BENCHMARKS.md, "The call's runtime,
+//! threads and hand-offs".
 //!
 //! Blocking work goes to the pool through [`spawn_blocking`], which counts
 //! it until it returns: at the call's end the process then knows whether
 //! any is still running ([`blocking_work_running`]). When none is, the
 //! pool's idle threads are left to the process's exit rather than woken,
-//! joined and unmapped one by one (BENCHMARKS.md, session 25).
+//! joined and unmapped one by one (BENCHMARKS.md, "The call's
+//! runtime, threads and hand-offs").
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@
 //! included, with C's alone);
 //! mimalloc gives each thread pages of its own per size class (430 page
 //! faults an ADD against glibc's 200). dlmalloc grows one heap, as glibc's
-//! malloc does with one arena (BENCHMARKS.md, session 21). musl lets a
+//! malloc does with one arena (BENCHMARKS.md, "The allocator: one heap for Rust and C"). musl lets a
 //! program replace `malloc`, `calloc`, `realloc` and `free` (they are weak
 //! in its libc.a), and then calls them too; `aligned_alloc`,
 //! `posix_memalign` and `memalign` are replaced with them so that every

@@ -1,4 +1,4 @@
-//! The fuzz targets without the fuzzer (issue 13): every seed of
+//! The fuzz targets without the fuzzer: every seed of
 //! fuzz/corpus/ and every input the fuzzer made panic, replayed through the
 //! very functions the targets run (fuzz/src/lib.rs), so that CI exercises
 //! the corpus and no fixed crash comes back. Each input must be answered

@@ -1,4 +1,4 @@
-//! No credential ever reaches a log line (issue 13, point 7): every mode
+//! No credential ever reaches a log line: every mode
 //! runs at `log_level: debug`, and the log file, stderr and stdout of each
 //! call are searched for every secret the call was given — bearer tokens,
 //! the PEM body lines of private keys, kubeconfig `client-key-data` /

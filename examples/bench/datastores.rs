@@ -1,4 +1,4 @@
-//! The datastore rows (issue 24): this plugin against Calico v3.32.1's own
+//! The datastore rows: this plugin against Calico v3.32.1's own
 //! binaries (`calico` with its `calico-ipam`, from the peers build), both
 //! with calico-ipam, on the test bed's real kube-apiserver (Kubernetes pods
 //! created through the API, bound to a bench node) and on its etcd cluster

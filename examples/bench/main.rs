@@ -42,8 +42,8 @@ const CNI_BIN: &str = "/usr/lib/cni";
 const POD_FLOOR: &str = "kernel: delete a pod's veth pair";
 /// How far our peak RSS per call may pass ptp's before the smoke fails.
 /// Each figure is the larger of the plugin and its host-local child, read
-/// through GNU time ([`invoke_probed`]). Until session 12 both read the
-/// bench's own peak (~10 MB) and the ratio was 1.00-1.02 whatever the
+/// through GNU time ([`invoke_probed`]). Read as the bench's own, both would be
+/// its peak (~10 MB) and the ratio 1.00-1.02 whatever the
 /// plugins did; read truly, ours is 5.4 MB against ptp's 5.2 MB (1.05). A
 /// stale symbol order costs 50-70%: 1.15 catches that, and not the few
 /// percent a Go child moves from machine to machine.
@@ -850,7 +850,7 @@ fn run() -> Result<(), Failure> {
             }
         }
     }
-    // The release queue's tax on a healthy network (issue 18).
+    // The release queue's tax on a healthy network.
     let (empty_p50, stale_p50, untouched) = queue_tax(&plugins[1], work.path(), o.n, o.rounds);
     let queue_ratio = stale_p50.as_secs_f64() / empty_p50.as_secs_f64();
     println!(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The walk through the code that one Kubernetes-mode ADD takes (issue 19's
+# The walk through the code that one Kubernetes-mode ADD takes (the
 # measure of the plugin layer's shape): the debug binary runs one ADD of a
 # pod on the test bed's API server (Kubernetes datastore, calico-ipam in
 # process, policy k8s) under gdb, which records every call of one of our

@@ -37,7 +37,7 @@ fn try_set(key: String, value: &'static str) -> Sysctl {
 /// same values `/proc/sys/net/ipv4/conf/<h>/` then shows): no file to
 /// open, write and close for each, and no flush of the node's route cache
 /// that a changed `forwarding` or `route_localnet` file triggers (BENCHMARKS.md,
-/// session 25).
+/// "The dataplane: the veth pair, netlink and sysctls").
 pub fn host_ipv4(has_v4: bool) -> Ipv4Conf {
     Ipv4Conf {
         forwarding: has_v4,
