@@ -203,14 +203,39 @@ fn binaries_are_replaced_while_the_old_ones_run() {
         b"#!/bin/sh\necho kept\n"
     );
     assert!(!host.bin("calico-ipam").exists());
-    // With no writable binary directory, the install fails.
+    // A host with no CNI directories yet: they are made (as Calico's
+    // install-cni makes them), the binaries and the config written there.
     let bare = tempfile::tempdir().unwrap();
-    let out = exec_args(
-        CALICO,
-        &["install", "--host-root", bare.path().to_str().unwrap()],
-        &HashMap::from([("SLEEP".to_string(), "false".to_string())]),
-        "",
+    let install_bare = || {
+        exec_args(
+            CALICO,
+            &["install", "--host-root", bare.path().to_str().unwrap()],
+            &HashMap::from([("SLEEP".to_string(), "false".to_string())]),
+            "",
+        )
+    };
+    let out = install_bare();
+    assert_eq!(out.code, 0, "{out:?}");
+    let bin = bare.path().join("opt/cni/bin");
+    assert!(bin.is_dir());
+    assert_eq!(
+        std::fs::read(bin.join("calico")).unwrap(),
+        std::fs::read(CALICO).unwrap()
     );
+    assert_eq!(
+        std::fs::read_link(bin.join("calico-ipam")).unwrap(),
+        Path::new("calico")
+    );
+    assert!(
+        bare.path()
+            .join("etc/cni/net.d/10-calico.conflist")
+            .is_file()
+    );
+    // With no binary directory that can be made or written, the install
+    // fails.
+    std::fs::remove_dir_all(bare.path().join("opt")).unwrap();
+    std::fs::write(bare.path().join("opt"), "not a directory").unwrap();
+    let out = install_bare();
     assert_eq!(out.code, 1, "{out:?}");
     assert!(
         out.stderr.contains("no CNI binary directory is writable"),
@@ -313,7 +338,8 @@ fn the_network_config_is_what_calicos_install_writes() {
         .replace("__CNI_MTU__", "1440");
     let written = host.net_d("10-calico.conflist");
     assert_eq!(std::fs::read_to_string(&written).unwrap(), expected);
-    assert_eq!(mode(&written), 0o644);
+    // Calico's install-cni writes it 0600 (0644 only in its own tests).
+    assert_eq!(mode(&written), 0o600);
     assert!(
         !host.net_d("calico-kubeconfig").exists(),
         "not in a pod: no kubeconfig"
