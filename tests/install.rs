@@ -183,7 +183,14 @@ fn binaries_are_replaced_while_the_old_ones_run() {
     // The installed plugin answers as calico and as calico-ipam.
     for name in ["calico", "calico-ipam"] {
         let v = Command::new(host.bin(name)).arg("-v").output().unwrap();
-        assert_eq!(String::from_utf8_lossy(&v.stdout).trim(), "0.1.0", "{name}");
+        let v = String::from_utf8_lossy(&v.stdout).into_owned();
+        assert!(
+            v.starts_with(&format!(
+                "v3.32.1\ncalico-cni {} (commit ",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{name}: {v}"
+        );
     }
     // UPDATE_CNI_BINARIES=false keeps what is there; SKIP_CNI_BINARIES
     // leaves a name out.

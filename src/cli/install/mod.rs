@@ -256,11 +256,15 @@ pub fn run(args: &[String], vars: &HashMap<String, String>, as_install: bool) ->
         Ok(Some(s)) => s,
         Ok(None) => return super::Outcome::ok(settings::USAGE.to_string()),
         Err(problem) => {
-            return super::Outcome {
-                stderr: format!("calico install: {problem}\n\n{}", settings::USAGE),
-                code: 2,
-                ..super::Outcome::default()
+            let command = if as_install {
+                "install"
+            } else {
+                "calico install"
             };
+            return super::Outcome::usage_error(
+                &format!("{command} --help"),
+                &format!("{command}: {problem}"),
+            );
         }
     };
     crate::logging::init(&crate::logging::LogSettings {
