@@ -108,12 +108,15 @@ const STATUS_USAGE: &str = "\
 Usage:
   calico status [--config CONFLIST]
 
-Runs the STATUS verb (spec 1.1.0) of the network config's calico plugin, as
-a runtime does, and says what it found: ready, or not ready and why (the
-datastore, its credentials and their expiry, the IPAM's capacity for this
-node); and how many releases earlier DELs still owe. Exit 0 when ready, 1
-when not. The config is CONFLIST, else the first config file of
-/etc/cni/net.d (CNI_CONF_DIR names another directory).
+Runs the STATUS verb of the network config's calico plugin, as a runtime
+does, and says what it found: ready, or not ready and why (the datastore,
+its credentials and their expiry, the IPAM's capacity for this node); and
+how many releases earlier DELs still owe. Exit 0 when ready, 1 when not.
+A runtime asks STATUS only of a config of cniVersion 1.1.0 or later: for
+an older one the checks are made all the same and reported as such, never
+as ready (exit 3 when they pass, 1 when they fail). The config is
+CONFLIST, else the first config file of /etc/cni/net.d (CNI_CONF_DIR names
+another directory).
 ";
 
 /// `calico status ARGS...`.
