@@ -638,3 +638,100 @@ fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
     }
     assert!(watch.0.try_wait().unwrap().is_none(), "the watch stopped");
 }
+
+/// scripts/image.sh builds the CNI image the DaemonSet change names: an OCI
+/// archive whose one layer is /opt/cni/bin with this build as calico,
+/// calico-ipam and install links to it (and what --add gives), install the
+/// entrypoint; it says where the archive is and what it holds.
+#[test]
+fn the_image_script_builds_the_cni_image() {
+    let test = "the_image_script_builds_the_cni_image";
+    if ["jq", "tar", "gzip", "sha256sum"].iter().any(|t| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .output()
+            .map_or(true, |o| !o.status.success())
+    }) {
+        cannot_run(test, "needs jq, tar, gzip and sha256sum");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let tar = work.path().join("out/image.tar");
+    let out = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/image.sh"))
+        .args(["--binary", CALICO, "--out", tar.to_str().unwrap()])
+        .args(["--add", "/bin/true"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let name = format!("calico-cni-rs:{}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        stdout.starts_with(&format!("image {name}: {} (", tar.display())),
+        "{stdout}"
+    );
+    for line in [
+        "entrypoint: /opt/cni/bin/install (calico install: Calico's install-cni), user 0:0",
+        "  /opt/cni/bin/calico-ipam -> calico",
+        "  /opt/cni/bin/install -> calico",
+        "calico -v: v3.32.1 calico-cni ",
+    ] {
+        assert!(stdout.contains(line), "{line:?} not in {stdout}");
+    }
+
+    // The archive, read as a runtime reads it: index, manifest, config, layer.
+    let oci = work.path().join("oci");
+    std::fs::create_dir(&oci).unwrap();
+    run_ok(
+        "tar",
+        &["-xf", tar.to_str().unwrap(), "-C", oci.to_str().unwrap()],
+    );
+    let read = |p: &Path| -> Value { serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap() };
+    let blob = |digest: &Value| {
+        oci.join("blobs/sha256")
+            .join(digest.as_str().unwrap().trim_start_matches("sha256:"))
+    };
+    let index = read(&oci.join("index.json"));
+    let entry = &index["manifests"][0];
+    assert_eq!(
+        entry["annotations"]["io.containerd.image.name"],
+        json!(name)
+    );
+    let manifest = read(&blob(&entry["digest"]));
+    let config = read(&blob(&manifest["config"]["digest"]));
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        json!(["/opt/cni/bin/install"])
+    );
+    let rootfs = work.path().join("rootfs");
+    std::fs::create_dir(&rootfs).unwrap();
+    let layer = blob(&manifest["layers"][0]["digest"]);
+    run_ok(
+        "tar",
+        &[
+            "-xzf",
+            layer.to_str().unwrap(),
+            "-C",
+            rootfs.to_str().unwrap(),
+        ],
+    );
+    let bin = rootfs.join("opt/cni/bin");
+    assert_eq!(
+        std::fs::read(bin.join("calico")).unwrap(),
+        std::fs::read(CALICO).unwrap()
+    );
+    assert_eq!(mode(&bin.join("calico")), 0o755);
+    for link in ["calico-ipam", "install"] {
+        assert_eq!(
+            std::fs::read_link(bin.join(link)).unwrap(),
+            Path::new("calico")
+        );
+    }
+    assert!(bin.join("true").is_file());
+    let mut names: Vec<String> = std::fs::read_dir(&bin)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["calico", "calico-ipam", "install", "true"]);
+}
