@@ -715,7 +715,7 @@ mod tests {
         }
         assert!(matches!(
             parse(&args("check --report r.json -o table")),
-            Ok(Cli::Check { json: false, report: Some(r), .. }) if r == PathBuf::from("r.json")
+            Ok(Cli::Check { json: false, report: Some(r), .. }) if r == std::path::Path::new("r.json")
         ));
         let err = parse(&args("check -o r.json")).unwrap_err();
         assert!(err.contains("--report FILE"), "{err}");

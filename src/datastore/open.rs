@@ -243,8 +243,10 @@ mod tests {
 
     #[test]
     fn the_token_judged_is_the_one_the_selected_datastore_presents() {
-        let mut conf = NetConf::default();
-        conf.datastore_type = "kubernetes".into();
+        let mut conf = NetConf {
+            datastore_type: "kubernetes".into(),
+            ..NetConf::default()
+        };
         assert!(presents_kubernetes_token(&conf, &vars(&[])).unwrap());
         // The environment selects the embedded store: no token.
         let local = vars(&[("CALICO_DATASTORE_TYPE", "local")]);
