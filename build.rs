@@ -14,8 +14,11 @@
 //! every symbol the binary holds, stripped or not, so that
 //! scripts/check-symbol-order.sh can tell how much of the order file this
 //! very binary still has without a second (unstripped, fat-LTO) build.
+//!
+//! It also names the commit built, for `calico -v` ([`commit`]).
 
 fn main() {
+    commit();
     let order = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("link/symbol-order.txt");
     println!("cargo::rerun-if-changed={}", order.display());
     println!("cargo::rerun-if-env-changed=CALICO_LINK_KEEP_SYMBOLS");
@@ -84,4 +87,52 @@ fn rust_lld_wrapper() -> Option<std::path::PathBuf> {
         .join(host)
         .join("bin/gcc-ld");
     dir.join("ld.lld").exists().then_some(dir)
+}
+
+/// `CALICO_CNI_COMMIT` for the crate: `git rev-parse --short HEAD` of the
+/// work tree (the variable itself when set, as an image build without the
+/// repository gives it), else "unknown". The script reruns when HEAD moves:
+/// it watches the files git keeps HEAD and its branch in. The commit is a
+/// string constant that one function prints (`env!`); the symbols' hashes
+/// (cargo's metadata) do not depend on it, so the link and its symbol
+/// order are the same whatever the commit.
+fn commit() {
+    println!("cargo::rerun-if-env-changed=CALICO_CNI_COMMIT");
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        out.status.success().then(|| text.trim().to_string())
+    };
+    let commit = std::env::var("CALICO_CNI_COMMIT")
+        .ok()
+        .or_else(|| git(&["rev-parse", "--short", "HEAD"]))
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo::rustc-env=CALICO_CNI_COMMIT={commit}");
+    let mut watched = vec!["HEAD".to_string(), "packed-refs".to_string()];
+    watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for name in watched {
+        let path = git(&["rev-parse", "--path-format=absolute", "--git-path", &name]);
+        // Only paths that exist: cargo reruns the script on every build for
+        // one that does not. A packed branch is watched by its directory,
+        // where its next commit writes it.
+        let Some(path) = path.map(std::path::PathBuf::from) else {
+            continue;
+        };
+        let watch = if path.exists() {
+            Some(path.as_path())
+        } else if name.starts_with("refs/") {
+            path.parent().filter(|p| p.exists())
+        } else {
+            None
+        };
+        if let Some(watch) = watch {
+            println!("cargo::rerun-if-changed={}", watch.display());
+        }
+    }
 }

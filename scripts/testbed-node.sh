@@ -83,21 +83,16 @@ node_not_ready_for_pool() {
     select(.type == "Ready" and .status == "False") | .message | test("IP pool")' >/dev/null
 }
 
-# Calico's CNI image as our build fills it: /opt/cni/bin with calico
+# Calico's CNI image as our build fills it, built by scripts/image.sh (the
+# image the README's DaemonSet change names): /opt/cni/bin with calico
 # (CALICO_BIN, default the debug build), calico-ipam and install as links,
 # portmap and loopback; install is the entrypoint.
 node_cni_image() {
   local calico=${CALICO_BIN:-$root/target/x86_64-unknown-linux-musl/debug/calico}
   [ -x "$calico" ] || die "no plugin binary at $calico (build it, or set CALICO_BIN)"
-  local r
-  r=$(mktemp -d)
-  mkdir -p "$r/opt/cni/bin"
-  install -m 0755 "$calico" "$r/opt/cni/bin/calico"
-  ln -s calico "$r/opt/cni/bin/calico-ipam"
-  ln -s calico "$r/opt/cni/bin/install"
-  install -m 0755 "$bin/portmap" "$bin/loopback" "$r/opt/cni/bin/"
-  oci_layout "$node_dir/cni-image.tar" "$cni_image" "$r" '["/opt/cni/bin/install"]' null 0:0
-  rm -rf "$r"
+  bash "$root/scripts/image.sh" --binary "$calico" --out "$node_dir/cni-image.tar" \
+    --name "$cni_image" --add "$bin/portmap" --add "$bin/loopback" \
+    >>"$dir/logs/node-images.log" 2>&1 || die "scripts/image.sh: $(tail -n 3 "$dir/logs/node-images.log")"
 }
 
 # The CNI install as Calico's manifest runs it: the calico-node DaemonSet

@@ -376,47 +376,10 @@ oci_image() {
   rm -rf "$r"
 }
 
-# oci_layout OUT NAME ROOTFS ENTRYPOINT-JSON CMD-JSON USER: an OCI image
-# layout tar of the directory ROOTFS as its one layer, named NAME.
-oci_layout() {
-  local out=$1 name=$2 rootfs=$3 entrypoint=$4 cmd=$5 user=$6
-  local w
-  w=$(mktemp -d)
-  mkdir -p "$w/oci/blobs/sha256"
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$rootfs" -cf "$w/layer.tar" .
-  local diff_id layer layer_size config config_size manifest manifest_size
-  diff_id=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
-  gzip -n -9 <"$w/layer.tar" >"$w/layer.tar.gz"
-  layer=$(sha256sum "$w/layer.tar.gz" | cut -d' ' -f1)
-  layer_size=$(stat -c %s "$w/layer.tar.gz")
-  mv "$w/layer.tar.gz" "$w/oci/blobs/sha256/$layer"
-  jq -cn --arg d "sha256:$diff_id" --argjson e "$entrypoint" --argjson c "$cmd" --arg u "$user" '{
-    architecture: "amd64", os: "linux",
-    config: ({Entrypoint: $e, User: $u} + (if $c == null then {} else {Cmd: $c} end)),
-    rootfs: {type: "layers", diff_ids: [$d]}
-  }' >"$w/config.json"
-  config=$(sha256sum "$w/config.json" | cut -d' ' -f1)
-  config_size=$(stat -c %s "$w/config.json")
-  mv "$w/config.json" "$w/oci/blobs/sha256/$config"
-  jq -cn --arg c "sha256:$config" --argjson cs "$config_size" --arg l "sha256:$layer" --argjson ls "$layer_size" '{
-    schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
-    config: {mediaType: "application/vnd.oci.image.config.v1+json", digest: $c, size: $cs},
-    layers: [{mediaType: "application/vnd.oci.image.layer.v1.tar+gzip", digest: $l, size: $ls}]
-  }' >"$w/manifest.json"
-  manifest=$(sha256sum "$w/manifest.json" | cut -d' ' -f1)
-  manifest_size=$(stat -c %s "$w/manifest.json")
-  mv "$w/manifest.json" "$w/oci/blobs/sha256/$manifest"
-  echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci/oci-layout"
-  jq -cn --arg m "sha256:$manifest" --argjson ms "$manifest_size" --arg name "$name" '{
-    schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json",
-    manifests: [{mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $m, size: $ms,
-      platform: {architecture: "amd64", os: "linux"},
-      annotations: {"io.containerd.image.name": $name, "org.opencontainers.image.ref.name": ($name | split(":") | last)}}]
-  }' >"$w/oci/index.json"
-  tar --sort=name --owner=0 --group=0 --numeric-owner -C "$w/oci" -cf "$out.new" oci-layout index.json blobs
-  mv -f "$out.new" "$out"
-  rm -rf "$w"
-}
+# oci_layout OUT NAME ROOTFS ENTRYPOINT-JSON CMD-JSON USER (an OCI image
+# layout tar of ROOTFS): the one scripts/image.sh builds the CNI image with.
+# shellcheck source=scripts/image.sh
+source "$root/scripts/image.sh"
 
 # The sandbox image: the static pause binary.
 pause_image() {

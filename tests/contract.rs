@@ -188,15 +188,156 @@ fn about_text_and_version_flag() {
         out.stderr
     );
 
-    let out = std::process::Command::new(CALICO)
-        .arg("-v")
+    // -v: Calico's line (its release, as Calico v3.32.1's binaries print
+    // it), then ours: the version, the commit built, what it replaces.
+    let (_d, ipam) = linked_as("calico-ipam");
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        env!("CARGO_PKG_VERSION")
-    );
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    for binary in [CALICO, ipam.as_str()] {
+        let out = std::process::Command::new(binary)
+            .arg("-v")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(out.stderr.is_empty());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0], "v3.32.1");
+        let (version, rest) = lines[1]
+            .strip_prefix(&format!(
+                "calico-cni {} (commit ",
+                env!("CARGO_PKG_VERSION")
+            ))
+            .and_then(|r| r.split_once("), "))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(
+            rest,
+            "interchangeable with Calico v3.32.1's calico and calico-ipam"
+        );
+        // The commit this test was built from (HEAD may have moved since
+        // the build only if the tree changed: then the binary was rebuilt).
+        if let Some(commit) = &commit {
+            assert_eq!(version, commit);
+        } else {
+            assert_eq!(version, "unknown");
+        }
+    }
+}
+
+/// Help asked for, in every form, is on stdout with exit 0; nothing on
+/// stderr.
+#[test]
+fn help_goes_to_stdout() {
+    let (_d, ipam) = linked_as("calico-ipam");
+    let forms: &[(&str, &[&str], &str)] = &[
+        (CALICO, &["-h"], "Usage of Calico:"),
+        (CALICO, &["-help"], "Usage of Calico:"),
+        (CALICO, &["--help"], "Usage of Calico:"),
+        (CALICO, &["-h=true"], "Usage of Calico:"),
+        (CALICO, &["help"], "Usage of Calico:"),
+        (CALICO, &["ipam", "--help"], "calico ipam pool add"),
+        (CALICO, &["ipam", "-h"], "calico ipam pool add"),
+        (CALICO, &["ipam", "help"], "calico ipam pool add"),
+        (CALICO, &["ipam", "check", "--help"], "calico ipam pool add"),
+        (CALICO, &["install", "--help"], "calico install [--watch]"),
+        (CALICO, &["status", "--help"], "calico status [--config"),
+        (CALICO, &["status", "-h"], "calico status [--config"),
+        (&ipam, &["-h"], "Usage of calico-ipam:"),
+        (&ipam, &["--help"], "Usage of calico-ipam:"),
+    ];
+    for (binary, args, first) in forms {
+        let out = common::exec_args(binary, args, &env_of(&[]), "");
+        assert_eq!(out.code, 0, "{args:?}: {out:?}");
+        assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
+        assert!(out.stdout.contains(first), "{args:?}: {out:?}");
+    }
+    // `calico -h` adds the operator's subcommands.
+    let out = common::exec_args(CALICO, &["-h"], &env_of(&[]), "");
+    assert!(out.stdout.contains("calico status"), "{out:?}");
+}
+
+/// A usage error is two lines on stderr: what was wrong, and the command
+/// that prints the help; exit 2, nothing on stdout.
+#[test]
+fn a_usage_error_is_two_lines() {
+    let (_d, ipam) = linked_as("calico-ipam");
+    let cases: &[(&str, &[&str], &str, &str)] = &[
+        (
+            CALICO,
+            &["-bogus"],
+            "flag provided but not defined: -bogus",
+            "calico -h",
+        ),
+        (
+            &ipam,
+            &["-t"],
+            "flag provided but not defined: -t",
+            "calico-ipam -h",
+        ),
+        (
+            CALICO,
+            &["ipam", "block", "list"],
+            "calico ipam: unknown command \"block\"",
+            "calico ipam --help",
+        ),
+        (
+            CALICO,
+            &["ipam", "check", "-o", "report.json"],
+            "calico ipam: unknown output format \"report.json\" (table, json; --report FILE writes the report to a file)",
+            "calico ipam --help",
+        ),
+        (
+            CALICO,
+            &["status", "--bogus"],
+            "calico status: unknown argument \"--bogus\"",
+            "calico status --help",
+        ),
+        (
+            CALICO,
+            &["install", "--bogus"],
+            "calico install: unknown argument \"--bogus\"",
+            "calico install --help",
+        ),
+    ];
+    for (binary, args, problem, help) in cases {
+        let out = common::exec_args(binary, args, &env_of(&[]), "");
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: {out:?}");
+        assert_eq!(
+            out.stderr,
+            format!("{problem}\nRun '{help}' for usage.\n"),
+            "{args:?}"
+        );
+    }
+}
+
+/// `calico -t` with nothing on stdin: the CNI error JSON (exit 1) says no
+/// config was given, not that the datastore failed.
+#[test]
+fn test_connection_without_a_config() {
+    for stdin in ["", " \n"] {
+        let out = common::exec_args(CALICO, &["-t"], &env_of(&[]), stdin);
+        assert_eq!(out.code, 1, "{out:?}");
+        assert_eq!(
+            out.json(),
+            json!({
+                "cniVersion": "1.1.0",
+                "code": 7,
+                "msg": "no network config on stdin",
+                "details": "calico -t tests the datastore of the network config it reads from stdin: calico -t < /etc/cni/net.d/10-calico.conflist"
+            })
+        );
+    }
+    // A config that is not one is still Calico's datastore failure.
+    let out = common::exec_args(CALICO, &["-t"], &env_of(&[]), "{");
+    assert_eq!(out.code, 1, "{out:?}");
+    assert_eq!(out.json()["msg"], json!("data store connection failed"));
 }
 
 /// A contract variable that is not UTF-8 (Latin-1 bytes in CNI_ARGS, say)
@@ -294,7 +435,9 @@ fn arguments_after_the_flags_are_ignored_as_go_does() {
 }
 
 /// What Calico's v3.32.1 binaries answer for a command line, ours answers:
-/// the same exit code and, for help and usage errors, the same text.
+/// the same exit code and, for help and usage errors, the same text (ours
+/// on stdout for help, and only Go's message of a usage error, then where
+/// the help is).
 #[test]
 fn flags_answer_as_calicos_binary_does() {
     let test = "flags_answer_as_calicos_binary_does";
@@ -337,16 +480,21 @@ fn flags_answer_as_calicos_binary_does() {
                 a.code, b.code,
                 "{theirs} {args:?}: ours {a:?}, Calico's {b:?}"
             );
-            assert_eq!(a.stdout, b.stdout, "{theirs} {args:?}");
-            if b.stderr.contains("Usage") && b.code == 0 && ours == CALICO {
-                // Help: Calico's text, then our subcommands.
+            if b.stderr.contains("Usage") && b.code == 0 {
+                // Help: Calico's text (on stdout), then, for calico, our
+                // subcommands.
                 assert!(
-                    a.stderr.starts_with(&b.stderr) && a.stderr.contains("calico status"),
+                    a.stdout.starts_with(&b.stderr)
+                        && (ours != CALICO || a.stdout.contains("calico status")),
                     "{theirs} {args:?}: {}",
-                    a.stderr
+                    a.stdout
                 );
-            } else if b.stderr.contains("Usage") {
-                assert_eq!(a.stderr, b.stderr, "{theirs} {args:?}");
+                continue;
+            }
+            assert_eq!(a.stdout, b.stdout, "{theirs} {args:?}");
+            if b.stderr.contains("Usage") {
+                // Go's message, as the first line.
+                assert_eq!(a.stderr.lines().next(), b.stderr.lines().next());
             } else {
                 // The about text: the same first words, our own version.
                 let first = |s: &str| s.split(" v").next().unwrap_or("").to_string();
@@ -357,13 +505,13 @@ fn flags_answer_as_calicos_binary_does() {
                 );
             }
         }
-        // -v prints a version and nothing else, whatever follows.
+        // -v prints the version, whatever follows: Calico's line first.
         for args in [&["-v"][..], &["--v", "foo"], &["-v=true", "foo", "-bogus"]] {
             let a = common::exec_args(ours, args, &env_of(&[]), "");
             let b = common::exec_args(theirs, args, &env_of(&[]), "");
             assert_eq!((a.code, b.code), (0, 0), "{args:?}");
-            assert_eq!(a.stdout.lines().count(), 1, "{a:?}");
             assert_eq!(b.stdout.lines().count(), 1, "{b:?}");
+            assert_eq!(a.stdout.lines().next(), b.stdout.lines().next(), "{a:?}");
         }
     }
 }

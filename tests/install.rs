@@ -183,7 +183,14 @@ fn binaries_are_replaced_while_the_old_ones_run() {
     // The installed plugin answers as calico and as calico-ipam.
     for name in ["calico", "calico-ipam"] {
         let v = Command::new(host.bin(name)).arg("-v").output().unwrap();
-        assert_eq!(String::from_utf8_lossy(&v.stdout).trim(), "0.1.0", "{name}");
+        let v = String::from_utf8_lossy(&v.stdout).into_owned();
+        assert!(
+            v.starts_with(&format!(
+                "v3.32.1\ncalico-cni {} (commit ",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{name}: {v}"
+        );
     }
     // UPDATE_CNI_BINARIES=false keeps what is there; SKIP_CNI_BINARIES
     // leaves a name out.
@@ -203,14 +210,39 @@ fn binaries_are_replaced_while_the_old_ones_run() {
         b"#!/bin/sh\necho kept\n"
     );
     assert!(!host.bin("calico-ipam").exists());
-    // With no writable binary directory, the install fails.
+    // A host with no CNI directories yet: they are made (as Calico's
+    // install-cni makes them), the binaries and the config written there.
     let bare = tempfile::tempdir().unwrap();
-    let out = exec_args(
-        CALICO,
-        &["install", "--host-root", bare.path().to_str().unwrap()],
-        &HashMap::from([("SLEEP".to_string(), "false".to_string())]),
-        "",
+    let install_bare = || {
+        exec_args(
+            CALICO,
+            &["install", "--host-root", bare.path().to_str().unwrap()],
+            &HashMap::from([("SLEEP".to_string(), "false".to_string())]),
+            "",
+        )
+    };
+    let out = install_bare();
+    assert_eq!(out.code, 0, "{out:?}");
+    let bin = bare.path().join("opt/cni/bin");
+    assert!(bin.is_dir());
+    assert_eq!(
+        std::fs::read(bin.join("calico")).unwrap(),
+        std::fs::read(CALICO).unwrap()
     );
+    assert_eq!(
+        std::fs::read_link(bin.join("calico-ipam")).unwrap(),
+        Path::new("calico")
+    );
+    assert!(
+        bare.path()
+            .join("etc/cni/net.d/10-calico.conflist")
+            .is_file()
+    );
+    // With no binary directory that can be made or written, the install
+    // fails.
+    std::fs::remove_dir_all(bare.path().join("opt")).unwrap();
+    std::fs::write(bare.path().join("opt"), "not a directory").unwrap();
+    let out = install_bare();
     assert_eq!(out.code, 1, "{out:?}");
     assert!(
         out.stderr.contains("no CNI binary directory is writable"),
@@ -313,7 +345,8 @@ fn the_network_config_is_what_calicos_install_writes() {
         .replace("__CNI_MTU__", "1440");
     let written = host.net_d("10-calico.conflist");
     assert_eq!(std::fs::read_to_string(&written).unwrap(), expected);
-    assert_eq!(mode(&written), 0o644);
+    // Calico's install-cni writes it 0600 (0644 only in its own tests).
+    assert_eq!(mode(&written), 0o600);
     assert!(
         !host.net_d("calico-kubeconfig").exists(),
         "not in a pod: no kubeconfig"
@@ -604,4 +637,101 @@ fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(watch.0.try_wait().unwrap().is_none(), "the watch stopped");
+}
+
+/// scripts/image.sh builds the CNI image the DaemonSet change names: an OCI
+/// archive whose one layer is /opt/cni/bin with this build as calico,
+/// calico-ipam and install links to it (and what --add gives), install the
+/// entrypoint; it says where the archive is and what it holds.
+#[test]
+fn the_image_script_builds_the_cni_image() {
+    let test = "the_image_script_builds_the_cni_image";
+    if ["jq", "tar", "gzip", "sha256sum"].iter().any(|t| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .output()
+            .map_or(true, |o| !o.status.success())
+    }) {
+        cannot_run(test, "needs jq, tar, gzip and sha256sum");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let tar = work.path().join("out/image.tar");
+    let out = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/image.sh"))
+        .args(["--binary", CALICO, "--out", tar.to_str().unwrap()])
+        .args(["--add", "/bin/true"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let name = format!("calico-cni-rs:{}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        stdout.starts_with(&format!("image {name}: {} (", tar.display())),
+        "{stdout}"
+    );
+    for line in [
+        "entrypoint: /opt/cni/bin/install (calico install: Calico's install-cni), user 0:0",
+        "  /opt/cni/bin/calico-ipam -> calico",
+        "  /opt/cni/bin/install -> calico",
+        "calico -v: v3.32.1 calico-cni ",
+    ] {
+        assert!(stdout.contains(line), "{line:?} not in {stdout}");
+    }
+
+    // The archive, read as a runtime reads it: index, manifest, config, layer.
+    let oci = work.path().join("oci");
+    std::fs::create_dir(&oci).unwrap();
+    run_ok(
+        "tar",
+        &["-xf", tar.to_str().unwrap(), "-C", oci.to_str().unwrap()],
+    );
+    let read = |p: &Path| -> Value { serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap() };
+    let blob = |digest: &Value| {
+        oci.join("blobs/sha256")
+            .join(digest.as_str().unwrap().trim_start_matches("sha256:"))
+    };
+    let index = read(&oci.join("index.json"));
+    let entry = &index["manifests"][0];
+    assert_eq!(
+        entry["annotations"]["io.containerd.image.name"],
+        json!(name)
+    );
+    let manifest = read(&blob(&entry["digest"]));
+    let config = read(&blob(&manifest["config"]["digest"]));
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        json!(["/opt/cni/bin/install"])
+    );
+    let rootfs = work.path().join("rootfs");
+    std::fs::create_dir(&rootfs).unwrap();
+    let layer = blob(&manifest["layers"][0]["digest"]);
+    run_ok(
+        "tar",
+        &[
+            "-xzf",
+            layer.to_str().unwrap(),
+            "-C",
+            rootfs.to_str().unwrap(),
+        ],
+    );
+    let bin = rootfs.join("opt/cni/bin");
+    assert_eq!(
+        std::fs::read(bin.join("calico")).unwrap(),
+        std::fs::read(CALICO).unwrap()
+    );
+    assert_eq!(mode(&bin.join("calico")), 0o755);
+    for link in ["calico-ipam", "install"] {
+        assert_eq!(
+            std::fs::read_link(bin.join(link)).unwrap(),
+            Path::new("calico")
+        );
+    }
+    assert!(bin.join("true").is_file());
+    let mut names: Vec<String> = std::fs::read_dir(&bin)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["calico", "calico-ipam", "install", "true"]);
 }

@@ -413,7 +413,13 @@ fn bad_usage_prints_the_usage() {
             text(&out.stderr)
         );
         assert!(out.stdout.is_empty(), "{args:?}");
-        assert!(text(&out.stderr).contains("Usage:"), "{args:?}");
+        // The problem and where the help is: two lines.
+        let err = text(&out.stderr);
+        assert!(err.starts_with("calico ipam: "), "{args:?}: {err}");
+        assert!(
+            err.ends_with("\nRun 'calico ipam --help' for usage.\n") && err.lines().count() == 2,
+            "{args:?}: {err}"
+        );
     }
     let help = run(CALICO, &["--help"], None);
     assert_eq!(help.status.code(), Some(0));

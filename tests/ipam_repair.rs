@@ -19,9 +19,11 @@ use common::*;
 use ipnet::IpNet;
 use serde_json::{Value, json};
 
-/// `calico ipam ARGS... --config CONF`: (exit code, stdout, stderr).
+/// `calico ipam ARGS... --config CONF`, in CONF's directory: (exit code,
+/// stdout, stderr).
 fn ours(conf: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(CALICO)
+        .current_dir(conf.parent().unwrap())
         .arg("ipam")
         .args(args)
         .arg("--config")
@@ -210,7 +212,7 @@ fn repair(test: &str, backend: Backend) {
         &[
             "check",
             "--show-problem-ips",
-            "-o",
+            "--report",
             report_path.to_str().unwrap(),
         ],
     );
@@ -252,6 +254,18 @@ fn repair(test: &str, backend: Backend) {
     assert_eq!(mine[kept.to_string()][0]["inUse"], json!(true), "{mine:#}");
     // Both, as calicoctl: a soft-deleted handle holding nothing is leaked.
     assert_eq!(my_handles.len(), 2, "{report:#}");
+    // -o json, --output json: the same report on stdout (as `pool list -o
+    // json` prints JSON), and no file of that name.
+    for flag in [&["-o", "json"][..], &["--output=json"]] {
+        let (code, printed, err) = ours(&conf_path, &[&["check"][..], flag].concat());
+        assert_eq!(code, 0, "{err}");
+        let printed: Value = serde_json::from_str(&printed).unwrap();
+        assert_eq!(
+            world_report(&w, &printed, &tag),
+            (mine.clone(), my_handles.clone())
+        );
+        assert!(!conf_path.parent().unwrap().join("json").exists());
+    }
 
     if let Some(ctl) = &calicoctl_bin {
         // calicoctl on the same data: the same problems, the same entries.

@@ -206,3 +206,42 @@ fn the_scan_sees_through_comments_only() {
         vec!["cni", "k8s"]
     );
 }
+
+/// The code (not the comments) of each file of src/ outside `except`
+/// that contains `needle`.
+fn files_naming(needle: &str, except: &str) -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files
+        .iter()
+        .filter(|f| !f.starts_with(src.join(except)))
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .any(|l| l.split("//").next().unwrap_or("").contains(needle))
+        })
+        .map(|f| f.display().to_string())
+        .collect()
+}
+
+#[test]
+fn only_the_ipam_layer_makes_an_allocator() {
+    // The operator's commands go through crate::ipam::calico::operator.
+    assert_eq!(files_naming("Allocator::new", "ipam"), Vec::<String>::new());
+    assert_eq!(
+        files_naming("calico::allocator", "ipam"),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn only_the_datastore_layer_tells_its_backends_by_name() {
+    // The verbs ask the datastore what a backend needs
+    // (crate::datastore::open::presents_kubernetes_token, ...).
+    assert_eq!(
+        files_naming("datastore_type ==", "datastore"),
+        Vec::<String>::new()
+    );
+}

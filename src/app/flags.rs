@@ -6,8 +6,8 @@
 //! (`-` is not one) and after `--`, and everything after is left alone: a
 //! runtime or a tool that passes the network config as an argument gets a
 //! plugin that ignores it, as Calico's does. `-h`/`-help` print the usage
-//! (exit 0); anything else that looks like a flag and is not one is a usage
-//! error (exit 2), with Go's messages.
+//! (on stdout, exit 0); anything else that looks like a flag and is not one
+//! is a usage error (exit 2), with Go's messages.
 
 use super::Personality;
 
@@ -30,7 +30,7 @@ pub struct Flags {
 pub enum Refused {
     /// `-h`, `-help`: the usage, exit 0.
     Help,
-    /// Go's message; the usage follows it, exit 2.
+    /// Go's message; where the help is follows it, exit 2.
     Usage(String),
 }
 

@@ -21,6 +21,22 @@ use crate::logging::{self, LogSettings};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The Calico release whose `calico` and `calico-ipam` this executable
+/// replaces, as Calico's `-v` prints it.
+pub const CALICO_RELEASE: &str = "v3.32.1";
+
+/// The commit built (build.rs: `git rev-parse --short HEAD`, else
+/// "unknown").
+pub const COMMIT: &str = env!("CALICO_CNI_COMMIT");
+
+/// `-v`: first what Calico's binaries print (its release: tools parse that
+/// line), then this build: its version and commit, and what it replaces.
+pub fn version_text() -> String {
+    format!(
+        "{CALICO_RELEASE}\ncalico-cni {VERSION} (commit {COMMIT}), interchangeable with Calico {CALICO_RELEASE}'s calico and calico-ipam\n"
+    )
+}
+
 /// Which plugin this executable is acting as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Personality {
@@ -117,6 +133,17 @@ impl From<crate::cli::Outcome> for Exit {
     }
 }
 
+/// The help: Calico's usage, as its binary prints it; then, for `calico`,
+/// the operator's subcommands.
+fn help(personality: Personality) -> String {
+    let mut text = flags::usage(personality);
+    if personality == Personality::Calico {
+        text.push('\n');
+        text.push_str(crate::cli::OVERVIEW);
+    }
+    text
+}
+
 /// The config's version as an error reply should be labelled.
 fn reply_version(stdin: &[u8]) -> String {
     serde_json::from_slice::<Value>(stdin)
@@ -153,31 +180,19 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
     };
     let flags = match flags::parse(personality, args.get(1..).unwrap_or_default()) {
         Ok(f) => f,
-        // As Go's flag package: the usage on stderr, exit 0 for help, 2
-        // for a command line it refuses.
-        Err(flags::Refused::Help) => {
-            // Calico's usage, as its binary prints it; then, for `calico`,
-            // the operator's subcommands.
-            let mut stderr = flags::usage(personality);
-            if personality == Personality::Calico {
-                stderr.push('\n');
-                stderr.push_str(crate::cli::OVERVIEW);
-            }
-            return Exit {
-                stderr,
-                ..Exit::default()
-            };
-        }
+        // Help asked for: on stdout, exit 0. A command line the flags
+        // refuse: Go's message and where the help is, exit 2.
+        Err(flags::Refused::Help) => return Exit::ok(help(personality)),
         Err(flags::Refused::Usage(problem)) => {
-            return Exit {
-                stderr: format!("{problem}\n{}", flags::usage(personality)),
-                code: 2,
-                ..Exit::default()
+            let command = match personality {
+                Personality::Calico => "calico",
+                Personality::CalicoIpam => "calico-ipam",
             };
+            return crate::cli::Outcome::usage_error(&format!("{command} -h"), &problem).into();
         }
     };
     if flags.version {
-        return Exit::ok(format!("{VERSION}\n"));
+        return Exit::ok(version_text());
     }
     // The operator's subcommands (the calico-ipam personality has none):
     // `calico ipam ...` outside a CNI call. Under a runtime (CNI_COMMAND
@@ -191,13 +206,7 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
                 return crate::cli::install::run(&flags.rest[1..], &vars, false).into();
             }
             Some("status") => return crate::cli::status_command(&flags.rest[1..], &vars).into(),
-            Some("help") => {
-                return Exit::ok(format!(
-                    "{}\n{}",
-                    flags::usage(personality),
-                    crate::cli::OVERVIEW
-                ));
-            }
+            Some("help") => return Exit::ok(help(personality)),
             _ => {}
         }
     }
@@ -320,7 +329,9 @@ fn print_result(result: Option<crate::cni::CniResult>, version: Version) -> Resu
 
 /// `calico -t`: the network config on stdin (a conflist: its calico
 /// plugin), its datastore probed; exit 0 and no output when it answers,
-/// else Calico's "data store connection failed" error (code 100).
+/// else Calico's "data store connection failed" error (code 100); with
+/// nothing on stdin, "no network config on stdin" (code 7, invalid
+/// network config).
 fn test_connection(stdin: &mut dyn Read, vars: &HashMap<String, String>) -> Exit {
     let failed = |e: &Error| {
         let reply = crate::cni::error::PluginError {
@@ -334,6 +345,19 @@ fn test_connection(stdin: &mut dyn Read, vars: &HashMap<String, String>) -> Exit
     let mut input = Vec::new();
     if let Err(e) = stdin.read_to_end(&mut input) {
         return failed(&Error::Io(format!("error reading from stdin: {e}")));
+    }
+    if input.trim_ascii().is_empty() {
+        // Nothing to test: not a datastore failure (Calico's says "data
+        // store connection failed", of an empty config).
+        let reply = crate::cni::error::PluginError {
+            cni_version: Some(version::CURRENT.to_string()),
+            code: crate::cni::error::code::INVALID_CONFIG,
+            msg: "no network config on stdin".into(),
+            details: "calico -t tests the datastore of the network config it reads from stdin: \
+                      calico -t < /etc/cni/net.d/10-calico.conflist"
+                .into(),
+        };
+        return Exit::error(&Error::Delegated(reply), version::CURRENT);
     }
     let conf = crate::cni::request::decode_config(&input).and_then(|raw| {
         let plugin = match raw.get("plugins").and_then(Value::as_array) {

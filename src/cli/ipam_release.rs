@@ -14,7 +14,7 @@ use super::ipam_check::{LeakedHandle, Report, ReportAllocation};
 use crate::datastore::ipam_model::{IpamHandle, handle_name_on};
 use crate::datastore::model::ClusterInformation;
 use crate::datastore::{DatastoreError, Precondition, Store};
-use crate::ipam::calico::allocator::{AddressRelease, Allocator};
+use crate::ipam::calico::operator::{AddressRelease, release_address};
 
 /// Versions of a report this release accepts without `--force`: its own,
 /// and the calicoctl release whose format it writes.
@@ -22,9 +22,7 @@ pub const CALICO_VERSION: &str = "v3.32.1";
 
 /// `--ip`: frees `ip`.
 pub async fn address(store: &dyn Store, ip: IpAddr) -> Result<String, String> {
-    let host = String::new();
-    match Allocator::new(store, &host)
-        .release_address(ip, None)
+    match release_address(store, ip, None)
         .await
         .map_err(|e| e.to_string())?
     {
@@ -132,8 +130,6 @@ pub async fn from_reports(
             .collect()
     };
 
-    let host = String::new();
-    let allocator = Allocator::new(store, &host);
     if leaked_ips.is_empty() {
         out += "Report didn't contain any leaked IPs to clean up.\n";
     } else {
@@ -145,10 +141,8 @@ pub async fn from_reports(
                 errors.push(format!("{}: not an address", a.ip));
                 continue;
             };
-            match allocator
-                .release_address(ip, Some((&a.handle, a.sequence_number.unwrap_or_default())))
-                .await
-            {
+            let expected = (a.handle.as_str(), a.sequence_number.unwrap_or_default());
+            match release_address(store, ip, Some(expected)).await {
                 Ok(AddressRelease::Released { .. }) => released += 1,
                 Ok(AddressRelease::NotAllocated) => gone += 1,
                 Ok(AddressRelease::Changed) => changed += 1,

@@ -46,7 +46,7 @@ use crate::datastore::model::ClusterInformation;
 use crate::datastore::open::open;
 use crate::datastore::{DatastoreError, Store};
 use crate::ipam::calico::IpamError;
-use crate::ipam::calico::allocator::Allocator;
+use crate::ipam::calico::operator::NodeAddresses;
 use crate::k8s::K8sClient;
 
 /// host-local's data directory for Calico's network.
@@ -172,7 +172,7 @@ pub async fn migrate(
     node: &str,
     paths: &Paths,
 ) -> Result<(), String> {
-    let allocator = Allocator::new(store, node);
+    let allocator = NodeAddresses::new(store, node);
     tunnel_address(&allocator, client, node).await?;
 
     let mut entries = std::fs::read_dir(&paths.data_dir)
@@ -242,7 +242,7 @@ pub async fn migrate(
 /// IPv4: the podCIDR's address with its last byte incremented (Calico's
 /// choice, host-local's gateway), assigned and annotated.
 async fn tunnel_address(
-    allocator: &Allocator<'_>,
+    allocator: &NodeAddresses<'_>,
     client: &K8sClient,
     node: &str,
 ) -> Result<(), String> {
@@ -301,17 +301,17 @@ async fn tunnel_address(
 /// Assigns `ip` to `handle`; one already assigned (a repeated step) is
 /// fine, its handle's count made right.
 async fn assign(
-    allocator: &Allocator<'_>,
+    allocator: &NodeAddresses<'_>,
     ip: IpAddr,
     handle: &str,
     attrs: &BTreeMap<String, String>,
 ) -> Result<(), String> {
-    match allocator.assign_ip(ip, handle, attrs).await {
+    match allocator.assign(ip, handle, attrs).await {
         Ok(_) => Ok(()),
         Err(IpamError::InUse(m)) => {
             say(&format!("{ip} already assigned, continuing ({m})"));
             allocator
-                .reconcile_address(ip, handle)
+                .reconcile(ip, handle)
                 .await
                 .map(|_| ())
                 .map_err(|e| format!("failed to check the handle of {ip}: {e}"))
@@ -322,7 +322,7 @@ async fn assign(
 
 /// One file of host-local's directory.
 async fn migrate_file(
-    allocator: &Allocator<'_>,
+    allocator: &NodeAddresses<'_>,
     file: &Path,
     pods: &BTreeMap<String, (String, String)>,
     node: &str,

@@ -4,8 +4,9 @@
 //! rules ([`pool`]); `calico ipam queue list|replay`, the node's release
 //! queue and its dead letters ([`queue`]).
 //!
-//! Output goes to stdout; a failure is one line on stderr and exit 1 (and
-//! nothing on stdout); bad usage prints the usage to stderr, exit 2.
+//! Output goes to stdout (help included); a failure is one line on stderr
+//! and exit 1 (and nothing on stdout); bad usage is the problem and where
+//! the help is, two lines on stderr, exit 2.
 
 pub mod install;
 pub mod ipam_check;
@@ -39,7 +40,7 @@ Usage:
   calico ipam queue list [--dead] [-o table|json] [--config CONFLIST | --dir DIR]
   calico ipam queue replay [--dead] [CONTAINER_ID...] [--config CONFLIST | --dir DIR]
   calico ipam show [--show-blocks | --ip ADDR] [-o table|json] [--config CONFLIST]
-  calico ipam check [--show-problem-ips] [--show-all-ips] [-o FILE] [--config CONFLIST]
+  calico ipam check [--show-problem-ips] [--show-all-ips] [-o table|json] [--report FILE] [--config CONFLIST]
   calico ipam release (--ip ADDR | --from-report FILE...) [--force] [--config CONFLIST]
 
 pool: manages Calico IP pools in the datastore the network config names.
@@ -60,8 +61,9 @@ check: calicoctl's IPAM check — addresses allocated but used by no
 workload or node (leaked), addresses in use without an allocation, handles
 holding nothing, allocations naming a missing handle — and also blocks
 affine to a node that does not exist, soft-deleted objects left stored and
-this node's dead letters. -o FILE writes calicoctl's JSON report ('-' for
-stdout, instead of the text); exit 0 however many problems are found.
+this node's dead letters. -o json prints calicoctl's JSON report instead
+of the text; --report FILE writes it to FILE (calicoctl's `ipam check -o
+FILE`); exit 0 however many problems are found.
 
 release: --ip frees one address, whoever holds it. --from-report frees the
 addresses and deletes the handles every report found leaked, each only if
@@ -72,7 +74,7 @@ ClusterInformation, and the datastore locked (datastoreReady false) unless
 Options:
   --block-size N       block size: 20-32 for IPv4 (default 26), 116-128 for IPv6 (default 122)
   --disabled           create the pool disabled: no address is assigned from it
-  -o, --output FORMAT  table (the default) or json (an IPPoolList)
+  -o, --output FORMAT  table (the default) or json (pool list: an IPPoolList; check: the report)
   --config CONFLIST    the network config (.conflist, .conf or .json)
   --dir DIR            the release queue's directory (queue commands)
   --dead               the dead letters (queue commands)
@@ -80,6 +82,7 @@ Options:
   --ip ADDR            one address (show, release)
   --show-problem-ips   each problem address (check)
   --show-all-ips       each allocation and handle too (check)
+  --report FILE        write the JSON report to FILE (check)
   --from-report FILE   a report of check (release; repeatable)
   --force              release although the datastore is not locked
   -h, --help           print this help
@@ -105,12 +108,15 @@ const STATUS_USAGE: &str = "\
 Usage:
   calico status [--config CONFLIST]
 
-Runs the STATUS verb (spec 1.1.0) of the network config's calico plugin, as
-a runtime does, and says what it found: ready, or not ready and why (the
-datastore, its credentials and their expiry, the IPAM's capacity for this
-node); and how many releases earlier DELs still owe. Exit 0 when ready, 1
-when not. The config is CONFLIST, else the first config file of
-/etc/cni/net.d (CNI_CONF_DIR names another directory).
+Runs the STATUS verb of the network config's calico plugin, as a runtime
+does, and says what it found: ready, or not ready and why (the datastore,
+its credentials and their expiry, the IPAM's capacity for this node); and
+how many releases earlier DELs still owe. Exit 0 when ready, 1 when not.
+A runtime asks STATUS only of a config of cniVersion 1.1.0 or later: for
+an older one the checks are made all the same and reported as such, never
+as ready (exit 3 when they pass, 1 when they fail). The config is
+CONFLIST, else the first config file of /etc/cni/net.d (CNI_CONF_DIR names
+another directory).
 ";
 
 /// `calico status ARGS...`.
@@ -134,11 +140,7 @@ pub fn status_command(args: &[String], vars: &HashMap<String, String>) -> Outcom
 }
 
 fn status_usage(problem: &str) -> Outcome {
-    Outcome {
-        stderr: format!("calico status: {problem}\n\n{STATUS_USAGE}"),
-        code: 2,
-        ..Outcome::default()
-    }
+    Outcome::usage_error("calico status --help", &format!("calico status: {problem}"))
 }
 
 /// What the subcommand prints and how the process exits.
@@ -171,13 +173,19 @@ impl Outcome {
         }
     }
 
-    /// The problem and the usage on stderr, exit 2.
-    fn usage(problem: &str) -> Outcome {
+    /// A usage error: the problem and where the help is (`help`: the
+    /// command that prints it), on stderr, exit 2.
+    pub(crate) fn usage_error(help: &str, problem: &str) -> Outcome {
         Outcome {
-            stderr: format!("calico ipam: {problem}\n\n{USAGE}"),
+            stderr: format!("{problem}\nRun '{help}' for usage.\n"),
             code: 2,
             ..Outcome::default()
         }
+    }
+
+    /// A usage error of `calico ipam`.
+    fn usage(problem: &str) -> Outcome {
+        Outcome::usage_error("calico ipam --help", &format!("calico ipam: {problem}"))
     }
 }
 
@@ -215,6 +223,7 @@ pub enum Cli {
     },
     Check {
         show: ipam_check::Show,
+        json: bool,
         report: Option<PathBuf>,
         config: Option<PathBuf>,
     },
@@ -246,6 +255,7 @@ fn flag_value<'a>(
 fn parse_tool(noun: &str, args: &[String]) -> Result<Cli, String> {
     let (mut blocks, mut problems, mut all, mut force) = (false, false, false, false);
     let (mut ip, mut output, mut config, mut reports) = (None, None, None, Vec::new());
+    let mut report = None;
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -271,6 +281,7 @@ fn parse_tool(noun: &str, args: &[String]) -> Result<Cli, String> {
             ("show" | "release", "--ip")
                 | ("show" | "check", "-o" | "--output")
                 | ("release", "--from-report")
+                | ("check", "--report")
                 | (_, "--config")
         );
         if !known {
@@ -287,21 +298,25 @@ fn parse_tool(noun: &str, args: &[String]) -> Result<Cli, String> {
             }
             "-o" | "--output" => output = Some(value),
             "--from-report" => reports.push(value),
+            "--report" => report = Some(PathBuf::from(value)),
             _ => config = Some(PathBuf::from(value)),
         }
     }
+    let json = match output.as_deref() {
+        None | Some("table") => false,
+        Some("json") => true,
+        Some(other) if noun == "check" => {
+            return Err(format!(
+                "unknown output format {other:?} (table, json; --report FILE writes the report to a file)"
+            ));
+        }
+        Some(other) => return Err(format!("unknown output format {other:?} (table, json)")),
+    };
     match noun {
         "show" => {
             if blocks && ip.is_some() {
                 return Err("give --show-blocks or --ip, not both".into());
             }
-            let json = match output.as_deref() {
-                None | Some("table") => false,
-                Some("json") => true,
-                Some(other) => {
-                    return Err(format!("unknown output format {other:?} (table, json)"));
-                }
-            };
             Ok(Cli::Show {
                 blocks,
                 ip,
@@ -314,7 +329,8 @@ fn parse_tool(noun: &str, args: &[String]) -> Result<Cli, String> {
                 problem_ips: problems,
                 all_ips: all,
             },
-            report: output.map(PathBuf::from),
+            json,
+            report,
             config,
         }),
         _ => match (ip.is_some(), reports.is_empty()) {
@@ -564,7 +580,9 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
                         None => ipam_show::usage(&inv, *blocks, *json),
                     }))
                 }
-                Cli::Check { show, report, .. } => {
+                Cli::Check {
+                    show, json, report, ..
+                } => {
                     let inv = inventory().await?;
                     let dead: Vec<_> =
                         crate::plugin::journal::Journal::new(conf.release_queue_dir())
@@ -573,18 +591,14 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
                             .map(|(_, owed)| owed)
                             .collect();
                     let checked = ipam_check::check(&inv, &dead, *show, env!("CARGO_PKG_VERSION"));
-                    let mut json =
+                    let mut text =
                         serde_json::to_string_pretty(&checked.report).map_err(|e| e.to_string())?;
-                    json.push('\n');
-                    match report.as_deref() {
-                        Some(p) if p.as_os_str() == "-" => Ok(pool::Report::from(json)),
-                        Some(p) => {
-                            install::files::write(p, json.as_bytes(), 0o644)
-                                .map_err(|e| format!("writing the report: {e}"))?;
-                            Ok(pool::Report::from(checked.text))
-                        }
-                        None => Ok(pool::Report::from(checked.text)),
+                    text.push('\n');
+                    if let Some(p) = report {
+                        install::files::write(p, text.as_bytes(), 0o644)
+                            .map_err(|e| format!("writing the report: {e}"))?;
                     }
+                    Ok(pool::Report::from(if *json { text } else { checked.text }))
                 }
                 Cli::Release {
                     ip, reports, force, ..
@@ -681,6 +695,30 @@ mod tests {
             })
         );
         assert_eq!(parse(&args("pool add --help")), Ok(Cli::Help));
+        // check: -o is the format, as everywhere; --report the file.
+        for line in [
+            "check -o json",
+            "check --output=json",
+            "check --output json",
+        ] {
+            assert!(
+                matches!(
+                    parse(&args(line)),
+                    Ok(Cli::Check {
+                        json: true,
+                        report: None,
+                        ..
+                    })
+                ),
+                "{line}"
+            );
+        }
+        assert!(matches!(
+            parse(&args("check --report r.json -o table")),
+            Ok(Cli::Check { json: false, report: Some(r), .. }) if r == std::path::Path::new("r.json")
+        ));
+        let err = parse(&args("check -o r.json")).unwrap_err();
+        assert!(err.contains("--report FILE"), "{err}");
     }
 
     #[test]
@@ -709,7 +747,11 @@ mod tests {
         let out = run(&args("pool"), &HashMap::new());
         assert_eq!(out.code, 2);
         assert!(out.stdout.is_empty());
-        assert!(out.stderr.contains("Usage:"), "{}", out.stderr);
+        assert_eq!(
+            out.stderr,
+            "calico ipam: missing a pool command (add, list, remove)\n\
+             Run 'calico ipam --help' for usage.\n"
+        );
     }
 
     #[test]

@@ -1,7 +1,14 @@
 //! `calico status [--config CONFLIST]`: the STATUS verb of a network config
-//! (its `calico` plugin, as a runtime would call it, spec 1.1.0), said in
-//! words, with this node's release queue beside it: owed releases are
-//! reported, never a reason to be not ready.
+//! (its `calico` plugin, as a runtime would call it), said in words, with
+//! this node's release queue beside it: owed releases are reported, never a
+//! reason to be not ready.
+//!
+//! A runtime asks STATUS only of a config of spec 1.1.0 or later (libcni
+//! skips the verb for older ones): for such a config (Calico's stock
+//! conflist is 0.3.1) the command says so, runs the checks STATUS would
+//! make all the same, and never says "ready": exit 3 when they pass (no
+//! readiness is reported to the runtime), 1 when they fail (an ADD would
+//! fail too).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -10,11 +17,12 @@ use serde_json::{Value, json};
 
 use super::Outcome;
 use super::netconf::{calico_plugin, config_path};
-use crate::cni::Request;
 use crate::cni::env::{CniEnv, Invocation};
+use crate::cni::{Request, Version};
 use crate::plugin::journal::Journal;
 
-/// Runs STATUS for the config, prints what it found; exit 1 when not ready.
+/// Runs STATUS for the config, prints what it found; exit 0 ready, 1 not
+/// ready, 3 when the runtime asks no STATUS of it and the checks pass.
 pub fn run(config: Option<&Path>, vars: &HashMap<String, String>) -> Outcome {
     let what = "calico status";
     let path = match config_path(config, vars) {
@@ -29,13 +37,17 @@ pub fn run(config: Option<&Path>, vars: &HashMap<String, String>) -> Outcome {
         })
         .and_then(|d| calico_plugin(&d, &path))
     {
-        Ok(mut p) => {
-            // STATUS is of spec 1.1.0, whatever the list was written for.
-            p["cniVersion"] = json!("1.1.0");
-            p
-        }
+        Ok(p) => p,
         Err(e) => return Outcome::failed(what, &e),
     };
+    let version = plugin["cniVersion"].as_str().unwrap_or("0.1.0").to_string();
+    // Whether the runtime asks this network's STATUS at all; when it does
+    // not, the checks are made as STATUS of spec 1.1.0.
+    let asked = Version::parse(&version).is_ok_and(|v| v >= Version::V1_1_0);
+    let mut plugin = plugin;
+    if !asked {
+        plugin["cniVersion"] = json!(Version::V1_1_0.to_string());
+    }
     let network = plugin["name"].as_str().unwrap_or_default().to_string();
     let mut call_vars: HashMap<String, String> = vars.clone();
     call_vars.insert("CNI_COMMAND".into(), "STATUS".into());
@@ -62,16 +74,39 @@ pub fn run(config: Option<&Path>, vars: &HashMap<String, String>) -> Outcome {
     let verdict = runtime.block_on(crate::plugin::handle(request));
     let owed = queue.pending();
     let dead = queue.dead();
-    let mut out = format!("network {network} ({})\n", path.display());
-    let code = match &verdict {
-        Ok(_) => {
-            out += "ready: the datastore answers and is ready, its credentials are accepted and \
-                    not about to expire, and the IPAM can give this node an address\n";
+    let mut out = format!(
+        "network {network} ({}, cniVersion {version})\n",
+        path.display()
+    );
+    const PASSED: &str = "the datastore answers and is ready, its credentials are accepted and \
+                          not about to expire, and the IPAM can give this node an address";
+    let code = match (&verdict, asked) {
+        (Ok(_), true) => {
+            out += &format!("ready: {PASSED}\n");
             0
         }
-        Err(e) => {
+        (Err(e), true) => {
             out += &format!("not ready (CNI code {}): {e}\n", e.code());
             1
+        }
+        (verdict, false) => {
+            out += &format!(
+                "readiness not reported: the runtime does not ask STATUS of this network \
+                 (cniVersion {version} predates STATUS, spec 1.1.0)\n"
+            );
+            match verdict {
+                Ok(_) => {
+                    out += &format!("checks STATUS would make: passed: {PASSED}\n");
+                    3
+                }
+                Err(e) => {
+                    out += &format!(
+                        "checks STATUS would make: failed (CNI code {}): {e}\n",
+                        e.code()
+                    );
+                    1
+                }
+            }
         }
     };
     out += &format!(

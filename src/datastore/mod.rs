@@ -39,6 +39,16 @@ pub enum Backend {
     Etcd,
 }
 
+impl Backend {
+    /// Whether the backend is reached through the Kubernetes API client:
+    /// its token is then the datastore's credential, and whether the
+    /// network can serve an ADD depends on that token outliving the
+    /// readiness margin.
+    pub fn through_kubernetes_api(self) -> bool {
+        matches!(self, Backend::Kubernetes)
+    }
+}
+
 /// Where the objects of one kind live on each backend.
 #[derive(Debug)]
 pub struct Kind {

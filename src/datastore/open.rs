@@ -42,6 +42,17 @@ pub fn datastore_kind(c: &NetConf, vars: &HashMap<String, String>) -> Result<Bac
     }
 }
 
+/// Whether a call on this config presents a Kubernetes API token (whose
+/// expiry a readiness check must judge): the datastore it selects
+/// ([`datastore_kind`]) is reached through the Kubernetes API, or the
+/// config names a kubeconfig or token for the pod and policy reads a call
+/// makes on any datastore.
+pub fn presents_kubernetes_token(c: &NetConf, vars: &HashMap<String, String>) -> Result<bool> {
+    Ok(datastore_kind(c, vars)?.through_kubernetes_api()
+        || !c.kubernetes.kubeconfig.is_empty()
+        || !c.policy.k8s_auth_token.is_empty())
+}
+
 /// The embedded store the config names, opened off the runtime thread.
 pub async fn open_local(conf: &NetConf, busy: Duration) -> Result<Arc<LocalStore>> {
     let path = conf.local_datastore_path();
@@ -228,6 +239,25 @@ mod tests {
                 .to_string()
                 .contains("unknown datastore_type \"etcdv2\"")
         );
+    }
+
+    #[test]
+    fn the_token_judged_is_the_one_the_selected_datastore_presents() {
+        let mut conf = NetConf {
+            datastore_type: "kubernetes".into(),
+            ..NetConf::default()
+        };
+        assert!(presents_kubernetes_token(&conf, &vars(&[])).unwrap());
+        // The environment selects the embedded store: no token.
+        let local = vars(&[("CALICO_DATASTORE_TYPE", "local")]);
+        assert!(!presents_kubernetes_token(&conf, &local).unwrap());
+        // The Kubernetes datastore selected by the environment alone.
+        conf.datastore_type.clear();
+        let kdd = vars(&[("DATASTORE_TYPE", "kubernetes")]);
+        assert!(presents_kubernetes_token(&conf, &kdd).unwrap());
+        // Any datastore, with a kubeconfig for the pod and policy reads.
+        conf.kubernetes.kubeconfig = "/etc/cni/net.d/calico-kubeconfig".into();
+        assert!(presents_kubernetes_token(&conf, &local).unwrap());
     }
 
     #[test]

@@ -34,9 +34,9 @@ pub async fn cmd_status(ctx: &Context) -> Result<()> {
 /// expires later than the margin from now.
 async fn token_lasts(ctx: &Context) -> Result<()> {
     let conf = &ctx.req.conf;
-    let uses_kubernetes = conf.datastore_type == "kubernetes"
-        || !conf.kubernetes.kubeconfig.is_empty()
-        || !conf.policy.k8s_auth_token.is_empty();
+    let uses_kubernetes =
+        crate::datastore::open::presents_kubernetes_token(conf, &ctx.req.env.vars)
+            .map_err(|e| Error::NotAvailable(e.to_string()))?;
     if !uses_kubernetes {
         return Ok(());
     }

@@ -173,10 +173,16 @@ fn entries(settings: &Settings) -> Result<Vec<(String, Entry)>, InstallError> {
     Ok(out)
 }
 
-/// The binaries, into every writable CNI binary directory of the host.
+/// The binaries, into every writable CNI binary directory of the host;
+/// the first (`<root>/opt/cni/bin`) is created when missing, as on a node
+/// whose runtime has no CNI plugin yet (the secondary one only counts when
+/// it is mounted).
 pub fn copy_binaries(settings: &Settings, done: &mut Installed) -> Result<(), InstallError> {
     let wanted = entries(settings)?;
     let dirs = settings.binary_dirs();
+    if !dirs[0].exists() && std::fs::create_dir_all(&dirs[0]).is_ok() {
+        done.lines.push(format!("created {}", dirs[0].display()));
+    }
     let mut any = false;
     for dir in &dirs {
         if !files::writable_directory(dir) {
@@ -223,14 +229,15 @@ pub fn write_kubeconfig(
     Ok(())
 }
 
-/// The network config rendered from the template, mode 0644; the old
+/// The network config rendered from the template, mode 0600 (as Calico's
+/// install-cni writes it: it may hold credentials); the old
 /// config name (`CNI_OLD_CONF_NAME`) removed when it differs.
 pub fn write_conflist(settings: &Settings, done: &mut Installed) -> Result<(), InstallError> {
     let template = settings.template_text()?;
     let (text, _) =
         template::render(&template, &settings.values()).map_err(InstallError::Config)?;
     let path = settings.net_d().join(&settings.conf_name);
-    let written = files::write(&path, text.as_bytes(), 0o644)?;
+    let written = files::write(&path, text.as_bytes(), 0o600)?;
     done.note(written, &path);
     if settings.old_conf_name != settings.conf_name {
         let old = settings.net_d().join(&settings.old_conf_name);
@@ -249,11 +256,15 @@ pub fn run(args: &[String], vars: &HashMap<String, String>, as_install: bool) ->
         Ok(Some(s)) => s,
         Ok(None) => return super::Outcome::ok(settings::USAGE.to_string()),
         Err(problem) => {
-            return super::Outcome {
-                stderr: format!("calico install: {problem}\n\n{}", settings::USAGE),
-                code: 2,
-                ..super::Outcome::default()
+            let command = if as_install {
+                "install"
+            } else {
+                "calico install"
             };
+            return super::Outcome::usage_error(
+                &format!("{command} --help"),
+                &format!("{command}: {problem}"),
+            );
         }
     };
     crate::logging::init(&crate::logging::LogSettings {

@@ -17,12 +17,13 @@ Usage:
                  [--serviceaccount-dir DIR] [--mtu-file FILE]
 
 Installs this plugin on the node as Calico's install-cni does, from the same
-environment: the binaries into <root>/opt/cni/bin and <root>/secondary-bin-dir
-(each only when writable; calico-ipam a link to calico), the etcd TLS files of
+environment: the binaries into <root>/opt/cni/bin (created when missing) and
+<root>/secondary-bin-dir (when writable; calico-ipam a link to calico), the
+etcd TLS files of
 TLS_ASSETS_DIR into <root>/etc/cni/net.d/calico-tls, the CNI kubeconfig with a
 token minted for the CNI's ServiceAccount (when run in a pod), and the network
-config rendered from CNI_NETWORK_CONFIG_FILE, CNI_NETWORK_CONFIG or the
-built-in template. Every file is replaced atomically; identical files are
+config (mode 0600, as Calico's) rendered from CNI_NETWORK_CONFIG_FILE,
+CNI_NETWORK_CONFIG or the built-in template. Every file is replaced atomically; identical files are
 left alone. Run as `install` (Calico's image layout) it stays up unless
 SLEEP=false, as Calico's does.
 

@@ -2,9 +2,10 @@
 //! ([`allocator`]) over blocks ([`block`]), pools ([`pools`]) and their
 //! selectors ([`selector`]), the host lock ([`lock`]) and the copies of
 //! the blocks written under it ([`block_cache`]), the allocations asked
-//! of its holder ([`intents`]), and the
+//! of its holder ([`intents`]), the
 //! `calico-ipam` verbs ([`verbs`]) that the personality and the in-process
-//! path of the `calico` plugin share.
+//! path of the `calico` plugin share, and what the operator's commands ask
+//! of it ([`operator`]).
 
 pub mod allocator;
 pub mod block;
@@ -12,6 +13,7 @@ pub mod block_cache;
 pub mod intents;
 pub mod kubevirt;
 pub mod lock;
+pub mod operator;
 pub mod pools;
 pub mod selector;
 pub mod verbs;
