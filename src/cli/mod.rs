@@ -15,6 +15,7 @@ pub mod ipam_show;
 pub mod ipam_upgrade;
 pub mod netconf;
 pub mod pool;
+pub mod progress;
 pub mod queue;
 pub mod status;
 
