@@ -106,15 +106,36 @@ stop() {
   rm -f "$dir/$name.pid" "$dir/$name.exe"
 }
 
-# wait_for WHAT SECONDS COMMAND...
+# step WHAT: the phase of `up` that starts now, said with the seconds since
+# `up` started; the one before it said done, with how long it took.
+step_t0=$SECONDS
+step_name=
+step_start=$SECONDS
+step() {
+  [ -n "$step_name" ] && log "$step_name: done in $((SECONDS - step_start)) s"
+  step_name=$1
+  step_start=$SECONDS
+  [ -n "$step_name" ] && log "[$((SECONDS - step_t0)) s] $step_name..."
+  return 0
+}
+
+# wait_for WHAT SECONDS COMMAND...: COMMAND every 0.2 s until it succeeds;
+# every 5 s of waiting says so with the attempts so far, and a wait of more
+# than one attempt says how many it took.
 wait_for() {
   local what=$1 secs=$2
   shift 2
-  local end=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -lt $end ] || die "$what not ready after ${secs}s"
+  local start=$SECONDS attempts=0
+  local end=$((start + secs)) said=$start
+  until attempts=$((attempts + 1)) && "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $end ] || die "$what not ready after ${secs}s ($attempts attempts)"
+    if [ $((SECONDS - said)) -ge 5 ]; then
+      said=$SECONDS
+      log "waiting for $what: attempt $attempts, $((SECONDS - start)) s of ${secs} s"
+    fi
     sleep 0.2
   done
+  [ $attempts -eq 1 ] || log "$what ready after $attempts attempts ($((SECONDS - start)) s)"
 }
 
 # The admin's requests, with its client certificate.
@@ -424,19 +445,30 @@ EOF
 }
 
 up() {
+  step_t0=$SECONDS
+  step "the peers (scripts/peers.sh: built once, then cached)"
   bash scripts/peers.sh >&2
   mkdir -p "$dir/logs"
   local t0=$SECONDS
+  step "the certificates and the admin kubeconfig"
   pki
   kubeconfig "$dir/admin.kubeconfig" "$(jq -n --arg c "$dir/pki/admin.crt" --arg k "$dir/pki/admin.key" \
     '{"client-certificate": $c, "client-key": $k}')"
+  step "starting etcd (the API server's)"
   start_etcd
+  step "starting Calico's etcd ($calico_etcd_members members)"
   start_calico_etcd
+  step "starting kube-apiserver and waiting for /readyz"
   start_apiserver
+  step "starting kube-controller-manager"
   start_controller_manager
+  step "Calico's CRDs, RBAC and default objects"
   calico_objects
+  step "the CNI kubeconfig (a token from the TokenRequest API)"
   cni_kubeconfig
+  step "the pause image"
   pause_image
+  step ""
   log "up in $((SECONDS - t0)) s: $api (state in $dir)"
 }
 

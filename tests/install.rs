@@ -544,6 +544,23 @@ fn in_a_pod_it_writes_a_kubeconfig_the_plugin_uses() {
     assert_eq!(out.code, 0, "{out:?}");
 }
 
+/// `calico install --watch --binaries none` on `host`, the pod's
+/// ServiceAccount files in `sa_dir`.
+fn watch_command(host: &Host, sa_dir: &Path) -> Command {
+    let mut cmd = Command::new(CALICO);
+    cmd.args([
+        "install",
+        "--watch",
+        "--binaries",
+        "none",
+        "--host-root",
+        host.root().to_str().unwrap(),
+        "--serviceaccount-dir",
+        sa_dir.to_str().unwrap(),
+    ]);
+    cmd
+}
+
 #[test]
 fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
     let test = "watch_renews_the_token_and_re_renders_while_plugin_calls_work";
@@ -578,17 +595,7 @@ fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
         }
     }
     let mut watch = Kill(
-        Command::new(CALICO)
-            .args([
-                "install",
-                "--watch",
-                "--binaries",
-                "none",
-                "--host-root",
-                host.root().to_str().unwrap(),
-                "--serviceaccount-dir",
-                pod.dir.path().to_str().unwrap(),
-            ])
+        watch_command(&host, pod.dir.path())
             .env_clear()
             .envs(&env)
             .stdout(Stdio::null())
@@ -734,4 +741,71 @@ fn the_image_script_builds_the_cni_image() {
         .collect();
     names.sort();
     assert_eq!(names, ["calico", "calico-ipam", "install", "true"]);
+}
+
+/// `--watch` says what it is doing through its log (stderr, plain lines
+/// when it is not a terminal): the install, the watch with its counts, a
+/// re-render; stdout is what it wrote, as without the watch. Runs without
+/// the test bed (not in a pod: no token to renew).
+#[test]
+fn watch_logs_what_it_does_on_stderr_and_prints_what_it_wrote() {
+    let host = Host::new();
+    let template_file = host.root().join("template.json");
+    std::fs::write(&template_file, kdd_template()).unwrap();
+    let no_pod = tempfile::tempdir().unwrap();
+    let mut watch = watch_command(&host, no_pod.path())
+        .env_clear()
+        .env("CNI_NETWORK_CONFIG_FILE", &template_file)
+        .env("KUBERNETES_NODE_NAME", "node-7")
+        .env("CNI_MTU", "1440")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let conflist = host.net_d("10-calico.conflist");
+    let until = Instant::now() + Duration::from_secs(20);
+    while !conflist.exists() {
+        assert!(Instant::now() < until, "the watch installed nothing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(
+        &template_file,
+        kdd_template().replace("\"info\"", "\"debug\""),
+    )
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&conflist)
+        .unwrap()
+        .contains("\"debug\"")
+    {
+        assert!(
+            Instant::now() < until,
+            "the template change was not rendered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    watch.kill().unwrap();
+    let out = watch.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let written = format!("wrote {}\n", conflist.display());
+    assert_eq!(stdout, written.repeat(2), "{stderr}");
+    let logged: Vec<&str> = stderr
+        .lines()
+        .map(|l| l.split_once(" INFO ").map_or(l, |(_, m)| m.trim_start()))
+        .collect();
+    assert_eq!(
+        logged,
+        [
+            "installing...",
+            "watching the network config's inputs (0 looks, 0 re-renders)...",
+            "network config re-rendered",
+        ],
+        "{stderr}"
+    );
+    assert!(!stderr.contains('\r'), "{stderr:?}");
 }

@@ -442,3 +442,140 @@ fn calico_ipam_has_no_subcommands() {
         text(&out.stderr)
     );
 }
+
+/// `calico ipam ARGS... --config <the conflist>` with stderr a terminal (a
+/// pty's slave): (exit code, stdout, what the terminal got).
+fn ipam_on_terminal(bed: &Bed, args: &[&str]) -> (Option<i32>, String, String) {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty fills the two descriptors, owned here from then on.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let conf = bed.conflist();
+    let mut cmd = Command::new(CALICO);
+    cmd.arg("ipam")
+        .args(args)
+        .args(["--config", conf.to_str().unwrap()])
+        .env_clear()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::from(slave));
+    let child = cmd.spawn().unwrap();
+    drop(cmd); // its copy of the slave: the master reads EIO at the end
+    let out = child.wait_with_output().unwrap();
+    let mut terminal = Vec::new();
+    let mut master = std::fs::File::from(master);
+    let mut chunk = [0u8; 4096];
+    while let Ok(n) = master.read(&mut chunk) {
+        if n == 0 {
+            break;
+        }
+        terminal.extend_from_slice(&chunk[..n]);
+    }
+    (out.status.code(), text(&out.stdout), text(&terminal))
+}
+
+/// `show` and `check` say what they are doing on stderr: plain lines, a
+/// phase each, when stderr is not a terminal; on a terminal one status line
+/// rewritten in place and erased at the end. stdout is the same either way
+/// (and the JSON still parses); the other commands say nothing.
+#[test]
+fn show_and_check_say_how_far_they_are_on_stderr() {
+    let bed = Bed::new();
+    let added = bed.ipam(&["pool", "add", "busy", "10.20.0.0/16"]);
+    ok(&added);
+    assert!(added.stderr.is_empty(), "{}", text(&added.stderr));
+    let store = bed.store();
+    block_on(async {
+        let s: &dyn Store = &store;
+        for i in 0..3u8 {
+            let mut allocations = vec![None; 64];
+            allocations[1] = Some(0);
+            allocations[2] = Some(0);
+            let cidr = format!("10.20.{i}.0/26");
+            let mut block = IpamBlock::new(
+                &format!("10-20-{i}-0-26"),
+                IpamBlockSpec {
+                    cidr,
+                    affinity: Some("host:cli-node".into()),
+                    allocations,
+                    unallocated: (3..64).chain([0]).collect(),
+                    attributes: vec![AllocationAttribute {
+                        handle_id: Some(format!("k8s-pod-network.c{i}")),
+                        ..AllocationAttribute::default()
+                    }],
+                    ..IpamBlockSpec::default()
+                },
+            );
+            s.create(&mut block).await.unwrap();
+        }
+    });
+    let read = [
+        "reading the IPAM blocks, handles and pools...",
+        "read 3 IPAM blocks, 0 handles and 1 pools; reading the workload endpoints...",
+    ];
+    let checked = [
+        "checking blocks (3)...",
+        "checking allocations (6)...",
+        "checking addresses in use (0)...",
+        "checking handles (0)...",
+        "building the report (6)...",
+    ];
+    let summed = ["summing up the pools (1)..."];
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["show", "--show-blocks"], &summed),
+        (&["show", "-o", "json"], &summed),
+        (&["show", "--ip", "10.20.0.1"], &[]),
+        (&["check", "--show-all-ips"], &checked),
+        (&["check", "-o", "-"], &checked),
+    ];
+    for (args, phases) in cases {
+        let what = format!("calico ipam {}", args[0]);
+        let out = bed.ipam(args);
+        let stdout = ok(&out);
+        let stderr = text(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        let expected: Vec<String> = read
+            .iter()
+            .chain(phases)
+            .map(|p| format!("{what}: {p}"))
+            .collect();
+        assert_eq!(lines[..lines.len() - 1], expected, "{args:?}");
+        assert!(
+            lines[lines.len() - 1].starts_with(&format!("{what}: done in ")),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains('\r') && !stderr.contains('\x1b'),
+            "{stderr:?}"
+        );
+        if args.contains(&"-o") {
+            let _: Value = serde_json::from_str(&stdout).expect("stdout is JSON alone");
+        }
+
+        let (code, tty_stdout, terminal) = ipam_on_terminal(&bed, args);
+        assert_eq!(code, Some(0), "{args:?}: {terminal:?}");
+        assert_eq!(tty_stdout, stdout, "{args:?}: stdout is the same");
+        assert!(
+            terminal.starts_with(&format!(
+                "\r{what}: reading the IPAM blocks, handles and pools...\x1b[K"
+            )),
+            "{args:?}: {terminal:?}"
+        );
+        assert!(
+            terminal.ends_with("\x1b[K\r\x1b[K"),
+            "{args:?}: {terminal:?}"
+        );
+        assert!(!terminal.contains('\n'), "{args:?}: {terminal:?}");
+        assert!(!terminal.contains("done in"), "{args:?}: {terminal:?}");
+    }
+}

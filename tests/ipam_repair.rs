@@ -183,7 +183,25 @@ fn repair(test: &str, backend: Backend) {
         "{shown}"
     );
     assert!(shown.contains(&format!("  node: {}\n", w.node)), "{shown}");
-    let (_, blocks, _) = ours(&conf_path, &["show", "--show-blocks"]);
+    let (_, blocks, said) = ours(&conf_path, &["show", "--show-blocks"]);
+    // What it did, phase by phase, on stderr (not a terminal here).
+    let listed = match backend {
+        Backend::Kdd => "reading the pods and nodes...",
+        _ => "reading the workload endpoints...",
+    };
+    for phase in [
+        "reading the IPAM blocks, handles and pools...",
+        listed,
+        "summing up the pools (",
+        "done in ",
+    ] {
+        assert!(
+            said.lines()
+                .any(|l| l.starts_with("calico ipam show: ") && l.contains(phase)),
+            "{phase}: {said}"
+        );
+    }
+    assert!(!blocks.contains("calico ipam show:"), "{blocks}");
     let row = |text: &str, what: &str| {
         text.lines()
             .find(|l| l.contains(&format!(" {what} ")))
@@ -217,6 +235,17 @@ fn repair(test: &str, backend: Backend) {
         ],
     );
     assert_eq!(code, 0, "{err}");
+    for phase in [
+        "reading the IPAM blocks, handles and pools...",
+        "checking blocks (",
+        "checking allocations (",
+        "building the report (",
+        "done in ",
+    ] {
+        let line = format!("calico ipam check: {phase}");
+        assert!(err.contains(&line), "{phase}: {err}");
+        assert!(!checked.contains(&line), "{checked}");
+    }
     assert!(
         checked.contains(&format!(
             "  {leaked} leaked; attrs Main:net1.{} Extra:node={}",

@@ -268,6 +268,17 @@ fn host_local_allocations_become_calico_ipam_ones() {
             .contains("migration from host-local to calico-ipam complete"),
         "{out:?}"
     );
+    // Its phases, on stderr (not a terminal here): plain lines.
+    for phase in [
+        "holding off the cluster's CNI (datastoreReady false)...",
+        "giving in-flight CNI calls 5.0 s...",
+        "migrating allocation files (",
+        "letting the cluster's CNI back in (datastoreReady true)...",
+        "done in ",
+    ] {
+        let line = format!("\ncalico-ipam -upgrade: {phase}");
+        assert!(out.stderr.contains(&line), "{phase}: {out:?}");
+    }
     assert_eq!(out.stdout, "");
     n.assert_migrated();
 
@@ -315,4 +326,73 @@ fn a_migration_killed_at_any_step_is_finished_by_the_next() {
         n.assert_migrated();
         eprintln!("{test}: killed after {step}, finished by the next run");
     }
+}
+
+/// Without the test bed (an API server that is not there): each attempt
+/// says what it is doing on stderr, plain lines when stderr is not a
+/// terminal, and when the next one comes; stdout stays empty.
+#[test]
+fn attempts_say_what_they_are_doing_on_stderr() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("k8s-pod-network");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("10.0.0.5"), "c1\neth0\n").unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "x",
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let ipam = dir.path().join("calico-ipam");
+    std::os::unix::fs::symlink(CALICO, &ipam).unwrap();
+    let child = Command::new(&ipam)
+        .arg("-upgrade")
+        .env_clear()
+        .env("KUBERNETES_NODE_NAME", "n1")
+        .env("KUBECONFIG", &kubeconfig)
+        .env("CALICO_UPGRADE_HOST_LOCAL_DIR", &data)
+        .env("CALICO_UPGRADE_CNI_BIN_DIR", dir.path().join("bin"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3500));
+    // SAFETY: a signal to the child started above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines[..2],
+        [
+            "calico-ipam -upgrade: migrating from host-local to calico-ipam (node n1)...",
+            "calico-ipam -upgrade: connecting to the datastore...",
+        ],
+        "{stderr}"
+    );
+    // (Whether the client or the tunnel address's read fails first.)
+    let failed = lines
+        .iter()
+        .position(|l| l.starts_with("calico-ipam -upgrade: failed to migrate ipam, retrying...: "))
+        .unwrap_or_else(|| panic!("no failure: {stderr}"));
+    assert!(failed <= 3, "{stderr}");
+    assert!(
+        lines[failed + 1].starts_with("calico-ipam -upgrade: attempt 2 in 1 s ("),
+        "{stderr}"
+    );
+    assert_eq!(
+        lines[failed + 2],
+        "calico-ipam -upgrade: connecting to the datastore...",
+        "{stderr}"
+    );
+    assert!(!stderr.contains('\r'), "{stderr:?}");
+    assert!(data.join("10.0.0.5").exists(), "nothing migrated");
 }

@@ -14,6 +14,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::ipam_inventory::{Allocation, Inventory};
+use super::progress::Progress;
 use crate::plugin::journal::Owed;
 
 /// How many nodes the "top nodes" section lists.
@@ -85,8 +86,15 @@ pub struct Checked {
     pub problems: usize,
 }
 
-/// Runs the check over `inv` (and this node's dead letters).
-pub fn check(inv: &Inventory, dead: &[Owed], show: Show, version: &str) -> Checked {
+/// Runs the check over `inv` (and this node's dead letters), its steps
+/// phases of `progress`.
+pub fn check(
+    inv: &Inventory,
+    dead: &[Owed],
+    show: Show,
+    version: &str,
+    progress: &Progress,
+) -> Checked {
     let show_problems = show.problem_ips || show.all_ips;
     let mut out = String::from("Checking IPAM for inconsistencies...\n\n");
     let mut problems = 0;
@@ -97,7 +105,9 @@ pub fn check(inv: &Inventory, dead: &[Owed], show: Show, version: &str) -> Check
     live.sort_by_key(|(_, c)| *c);
     out += "Loading all IPAM blocks...\n";
     out += &format!("Found {} IPAM blocks.\n", live.len());
-    for (b, cidr) in &live {
+    progress.phase("checking blocks", Some(live.len() as u64));
+    for (i, (b, cidr)) in live.iter().enumerate() {
+        progress.tick(i as u64 + 1);
         out += &format!(
             " IPAM block {cidr} affinity={}:\n",
             b.spec.affinity.as_deref().unwrap_or("<none>")
@@ -156,9 +166,13 @@ pub fn check(inv: &Inventory, dead: &[Owed], show: Show, version: &str) -> Check
     // Allocations nothing uses.
     out += "Scanning for IPs that are allocated but not actually in use...\n";
     let allocated: HashSet<IpAddr> = allocations.iter().map(|a| a.ip).collect();
+    progress.phase("checking allocations", Some(allocations.len() as u64));
     let leaked: Vec<&Allocation> = allocations
         .iter()
-        .filter(|a| !inv.owners.contains_key(&a.ip))
+        .enumerate()
+        .inspect(|(i, _)| progress.tick(*i as u64 + 1))
+        .filter(|(_, a)| !inv.owners.contains_key(&a.ip))
+        .map(|(_, a)| a)
         .collect();
     if show_problems {
         for a in &leaked {
@@ -174,7 +188,9 @@ pub fn check(inv: &Inventory, dead: &[Owed], show: Show, version: &str) -> Check
     // Addresses in use without an allocation.
     out += "Scanning for IPs that are in use by a workload or node but not allocated in IPAM...\n";
     let (mut outside, mut unallocated) = (0, 0);
-    for (ip, owners) in &inv.owners {
+    progress.phase("checking addresses in use", Some(inv.owners.len() as u64));
+    for (i, (ip, owners)) in inv.owners.iter().enumerate() {
+        progress.tick(i as u64 + 1);
         if owners.len() > 1 && show_problems {
             out += &format!("  {ip} has multiple owners.\n");
         }
@@ -214,7 +230,9 @@ pub fn check(inv: &Inventory, dead: &[Owed], show: Show, version: &str) -> Check
     let mut matched = 0;
     let mut sorted_handles: Vec<_> = inv.handles.iter().collect();
     sorted_handles.sort_by(|a, b| a.spec.handle_id.cmp(&b.spec.handle_id));
-    for h in sorted_handles {
+    progress.phase("checking handles", Some(sorted_handles.len() as u64));
+    for (i, h) in sorted_handles.into_iter().enumerate() {
+        progress.tick(i as u64 + 1);
         if named.contains(h.spec.handle_id.as_str()) {
             matched += 1;
             continue;
@@ -316,7 +334,9 @@ pub fn check(inv: &Inventory, dead: &[Owed], show: Show, version: &str) -> Check
 
     let cluster = inv.cluster.as_ref();
     let mut report_allocations: BTreeMap<String, Vec<ReportAllocation>> = BTreeMap::new();
-    for a in &allocations {
+    progress.phase("building the report", Some(allocations.len() as u64));
+    for (i, a) in allocations.iter().enumerate() {
+        progress.tick(i as u64 + 1);
         let attr = |k: &str| a.attrs.get(k).cloned().unwrap_or_default();
         let owners = inv.owners.get(&a.ip).cloned();
         report_allocations

@@ -11,6 +11,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde_json::Value;
 
+use super::progress::Progress;
+
 use crate::datastore::ipam_model::{IpPool, IpamBlock, IpamHandle, Node};
 use crate::datastore::kubernetes::endpoint::{ANNOTATION_POD_IP, ANNOTATION_POD_IPS};
 use crate::datastore::model::ClusterInformation;
@@ -84,8 +86,14 @@ fn address(text: &str) -> Option<IpAddr> {
 impl Inventory {
     /// Reads the IPAM objects and the users of addresses; `k8s` is the API
     /// client of a Kubernetes datastore (pods and nodes are read with it).
-    pub async fn read(opened: &Opened, k8s: Option<&K8sClient>) -> Result<Inventory, String> {
+    /// Each read is a phase of `progress`.
+    pub async fn read(
+        opened: &Opened,
+        k8s: Option<&K8sClient>,
+        progress: &Progress,
+    ) -> Result<Inventory, String> {
         let store = opened.store.as_ref();
+        progress.phase("reading the IPAM blocks, handles and pools", None);
         let (blocks, handles, pools, cluster) = futures::future::try_join4(
             store.list::<IpamBlock>("", &ListFilter::All),
             store.list::<IpamHandle>("", &ListFilter::All),
@@ -109,12 +117,22 @@ impl Inventory {
                 .is_some_and(|c| !c["spec"]["controllers"]["loadBalancer"].is_null()),
             ..Inventory::default()
         };
+        let read = format!(
+            "read {} IPAM blocks, {} handles and {} pools",
+            inventory.blocks.len(),
+            inventory.handles.len(),
+            inventory.pools.len()
+        );
         match (store.backend(), k8s) {
-            (Backend::Kubernetes, Some(client)) => inventory.read_kubernetes(client).await?,
+            (Backend::Kubernetes, Some(client)) => {
+                progress.phase(&format!("{read}; reading the pods and nodes"), None);
+                inventory.read_kubernetes(client).await?;
+            }
             (Backend::Kubernetes, None) => {
                 return Err("the Kubernetes datastore needs its API client".into());
             }
             (backend, _) => {
+                progress.phase(&format!("{read}; reading the workload endpoints"), None);
                 let weps = opened
                     .endpoints
                     .all()
@@ -129,6 +147,7 @@ impl Inventory {
                     }
                 }
                 if backend == Backend::Etcd {
+                    progress.phase("reading the nodes", None);
                     let nodes = store
                         .list_objects(Node::KIND, "", &ListFilter::All)
                         .await

@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use serde_json::json;
 
 use super::ipam_inventory::Inventory;
+use super::progress::Progress;
 
 /// Go's `%.5g` of a count (what calicoctl prints for a pool's size).
 pub fn go_g5(x: f64) -> String {
@@ -98,8 +99,9 @@ fn size(cidr: &IpNet) -> f64 {
     2f64.powi(i32::from(cidr.max_prefix_len() - cidr.prefix_len()))
 }
 
-/// The pools (and, with `blocks`, their blocks): total, in use, free.
-pub fn usage(inv: &Inventory, blocks: bool, as_json: bool) -> String {
+/// The pools (and, with `blocks`, their blocks): total, in use, free; each
+/// pool a tick of `progress`.
+pub fn usage(inv: &Inventory, blocks: bool, as_json: bool, progress: &Progress) -> String {
     let live: Vec<_> = {
         let mut v: Vec<_> = inv.live_blocks().collect();
         v.sort_by_key(|(_, c)| *c);
@@ -110,7 +112,9 @@ pub fn usage(inv: &Inventory, blocks: bool, as_json: bool) -> String {
     };
     let mut rows = Vec::new();
     let mut pools_json = Vec::new();
-    for pool in &inv.pools {
+    progress.phase("summing up the pools", Some(inv.pools.len() as u64));
+    for (i, pool) in inv.pools.iter().enumerate() {
+        progress.tick(i as u64 + 1);
         let Some(cidr) = pool.spec.network() else {
             continue;
         };
@@ -236,7 +240,7 @@ mod tests {
             pools: vec![pool],
             ..Inventory::default()
         };
-        let table = usage(&inv, true, false);
+        let table = usage(&inv, true, false, &Progress::silent());
         assert!(
             table.contains("| IP Pool  | 10.1.0.0/24 |       256 | 0 (0%)     | 256 (100%) |"),
             "{table}"

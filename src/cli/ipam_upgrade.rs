@@ -40,6 +40,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Outcome;
+use super::progress::Progress;
 use crate::cni::NetConf;
 use crate::datastore::ipam_model::{ATTR_NAMESPACE, ATTR_NODE, ATTR_POD};
 use crate::datastore::model::ClusterInformation;
@@ -85,8 +86,13 @@ impl Paths {
     }
 }
 
+/// What the migration is doing and how far it is, on stderr (the process's
+/// one stderr: one reporter for the process).
+static PROGRESS: std::sync::LazyLock<Progress> =
+    std::sync::LazyLock::new(|| Progress::stderr("calico-ipam -upgrade"));
+
 fn say(line: &str) {
-    eprintln!("calico-ipam -upgrade: {line}");
+    PROGRESS.note(&format!("calico-ipam -upgrade: {line}"));
     tracing::info!("{line}");
 }
 
@@ -123,17 +129,30 @@ pub fn run(vars: &HashMap<String, String>) -> Outcome {
         "migrating from host-local to calico-ipam (node {node})..."
     ));
     let started = std::time::Instant::now();
+    let mut attempts = 0;
     loop {
+        attempts += 1;
         match runtime.block_on(attempt(&conf, vars, &node, &paths)) {
             Ok(()) => {
                 say("migration from host-local to calico-ipam complete");
+                PROGRESS.finish();
                 return Outcome::default();
             }
             Err(e) if started.elapsed() < GIVE_UP_AFTER => {
                 say(&format!("failed to migrate ipam, retrying...: {e}"));
+                PROGRESS.phase(
+                    &format!(
+                        "attempt {} in 1 s ({} of {} spent)",
+                        attempts + 1,
+                        super::progress::duration_text(started.elapsed()),
+                        super::progress::duration_text(GIVE_UP_AFTER)
+                    ),
+                    None,
+                );
                 std::thread::sleep(Duration::from_secs(1));
             }
             Err(e) => {
+                PROGRESS.clear();
                 return Outcome::failed(
                     "calico-ipam -upgrade",
                     &format!("gave up after {GIVE_UP_AFTER:?}: {e}"),
@@ -155,6 +174,7 @@ async fn attempt(
         return Ok(());
     }
     let deadline = Instant::now() + ATTEMPT_DEADLINE;
+    PROGRESS.phase("connecting to the datastore", None);
     let client = K8sClient::new(&conf.k8s_config(), deadline)
         .await
         .map_err(|e| format!("the Kubernetes client: {e}"))?;
@@ -173,6 +193,7 @@ pub async fn migrate(
     paths: &Paths,
 ) -> Result<(), String> {
     let allocator = NodeAddresses::new(store, node);
+    PROGRESS.phase("checking the node's IPIP tunnel address", None);
     tunnel_address(&allocator, client, node).await?;
 
     let mut entries = std::fs::read_dir(&paths.data_dir)
@@ -184,6 +205,7 @@ pub async fn migrate(
     }
     say("host-local IPAM data dir is not empty, migrating...");
 
+    PROGRESS.phase("holding off the cluster's CNI (datastoreReady false)", None);
     set_ready(store, false).await?;
     say("datastore readiness set to false");
     for binary in ["calico", "host-local"] {
@@ -195,9 +217,18 @@ pub async fn migrate(
         }
     }
     crate::fault::kill_point("upgrade-not-ready");
+    PROGRESS.phase(
+        &format!(
+            "giving in-flight CNI calls {}",
+            super::progress::duration_text(SETTLE)
+        ),
+        None,
+    );
     tokio::time::sleep(SETTLE).await;
 
+    PROGRESS.phase("taking host-local's lock", None);
     let lock = lock_host_local(&paths.data_dir).await?;
+    PROGRESS.phase("listing the node's pods", None);
     let pods: BTreeMap<String, (String, String)> = client
         .pods_on_node(node)
         .await
@@ -222,11 +253,17 @@ pub async fn migrate(
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     files.sort();
-    for file in files {
-        migrate_file(&allocator, &file, &pods, node).await?;
+    PROGRESS.phase("migrating allocation files", Some(files.len() as u64));
+    for (i, file) in files.iter().enumerate() {
+        migrate_file(&allocator, file, &pods, node).await?;
+        PROGRESS.tick(i as u64 + 1);
     }
     drop(lock);
 
+    PROGRESS.phase(
+        "letting the cluster's CNI back in (datastoreReady true)",
+        None,
+    );
     set_ready(store, true).await?;
     say("datastore readiness set to true");
     crate::fault::kill_point("upgrade-ready");

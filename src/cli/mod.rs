@@ -16,6 +16,7 @@ pub mod ipam_show;
 pub mod ipam_upgrade;
 pub mod netconf;
 pub mod pool;
+pub mod progress;
 pub mod queue;
 pub mod status;
 
@@ -555,6 +556,8 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
         Err(e) => return Outcome::failed(what, &format!("cannot start the runtime: {e}")),
     };
     let deadline = Instant::now() + DEADLINE;
+    // On stderr, what show and check are doing (the others say nothing).
+    let progress = progress::Progress::stderr(what);
     let outcome = runtime.block_on(async {
         let work = async {
             let k8s = std::sync::OnceLock::new();
@@ -566,7 +569,7 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
             .await
             .map_err(|e| format!("opening the datastore: {e}"))?;
             let store = opened.store.as_ref();
-            let inventory = || ipam_inventory::Inventory::read(&opened, k8s.get());
+            let inventory = || ipam_inventory::Inventory::read(&opened, k8s.get(), &progress);
             match &cli {
                 Cli::Add { add, .. } => pool::add(store, add).await,
                 Cli::List { json, .. } => pool::list(store, *json).await,
@@ -577,7 +580,7 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
                     let inv = inventory().await?;
                     Ok(pool::Report::from(match ip {
                         Some(ip) => ipam_show::address(&inv, *ip, *json),
-                        None => ipam_show::usage(&inv, *blocks, *json),
+                        None => ipam_show::usage(&inv, *blocks, *json, &progress),
                     }))
                 }
                 Cli::Check {
@@ -590,7 +593,8 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
                             .into_iter()
                             .map(|(_, owed)| owed)
                             .collect();
-                    let checked = ipam_check::check(&inv, &dead, *show, env!("CARGO_PKG_VERSION"));
+                    let version = env!("CARGO_PKG_VERSION");
+                    let checked = ipam_check::check(&inv, &dead, *show, version, &progress);
                     let mut text =
                         serde_json::to_string_pretty(&checked.report).map_err(|e| e.to_string())?;
                     text.push('\n');
@@ -632,6 +636,11 @@ pub fn run(args: &[String], vars: &HashMap<String, String>) -> Outcome {
             )),
         }
     });
+    // The status line erased (or "done" said) before the output.
+    if outcome.is_ok() {
+        progress.finish();
+    }
+    drop(progress);
     match outcome {
         Ok(report) => Outcome {
             stdout: report.stdout,

@@ -33,6 +33,9 @@ pub use self::settings::{Binaries, Settings};
 /// How long one install may take (the token request included).
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
+/// How often `--watch` logs that it is watching (and its counts).
+pub const WATCH_HEARTBEAT: Duration = Duration::from_secs(600);
+
 /// The TLS files of an etcd datastore, by their names in `TLS_ASSETS_DIR`.
 pub const TLS_FILES: [&str; 3] = ["etcd-ca", "etcd-cert", "etcd-key"];
 
@@ -280,7 +283,14 @@ pub fn run(args: &[String], vars: &HashMap<String, String>, as_install: bool) ->
             return super::Outcome::failed("calico install", &format!("no runtime: {e}"));
         }
     };
+    // With --watch, what it is doing: logged, or a status line on a terminal.
+    let progress = if settings.watch {
+        super::progress::Progress::logged("calico install").every(WATCH_HEARTBEAT)
+    } else {
+        super::progress::Progress::silent()
+    };
     runtime.block_on(async {
+        progress.phase("installing", None);
         let installed = match install(&settings, Instant::now() + DEADLINE).await {
             Ok(done) => done,
             Err(e) => return super::Outcome::failed("calico install", &e.to_string()),
@@ -290,8 +300,9 @@ pub fn run(args: &[String], vars: &HashMap<String, String>, as_install: bool) ->
         if !settings.watch {
             return super::Outcome::ok(stdout);
         }
+        progress.clear();
         print!("{stdout}");
-        match watch::watch(&settings, installed).await {
+        match watch::watch(&settings, installed, &progress).await {
             Ok(()) => super::Outcome::default(),
             Err(e) => super::Outcome::failed("calico install --watch", &e.to_string()),
         }

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::kubeconfig::Token;
 use super::{DEADLINE, InstallError, Installed, Settings, TLS_FILES};
+use crate::cli::progress::{Progress, duration_text};
 
 /// How often the inputs of the network config are looked at.
 const POLL: Duration = Duration::from_secs(1);
@@ -58,29 +59,71 @@ pub fn renewal_in(settings: &Settings, token: &Token) -> Duration {
     quarter + quarter.mul_f64(jitter())
 }
 
-/// Runs until the process is stopped (or a file cannot be written).
-pub async fn watch(settings: &Settings, installed: Installed) -> Result<(), InstallError> {
+/// What the watch is doing, for `progress`.
+#[derive(Debug, Default)]
+struct Watched {
+    looks: u64,
+    renders: u64,
+    renewals: u64,
+}
+
+impl Watched {
+    fn text(&self, renew_at: Option<Instant>) -> String {
+        let mut text = format!(
+            "watching the network config's inputs ({} looks, {} re-renders",
+            self.looks, self.renders
+        );
+        if let Some(at) = renew_at {
+            let left = at.saturating_duration_since(Instant::now());
+            text += &format!(
+                ", {} token renewals; the next in {}",
+                self.renewals,
+                duration_text(left)
+            );
+        }
+        text + ")"
+    }
+}
+
+/// Runs until the process is stopped (or a file cannot be written); says
+/// what it is doing through `progress`.
+pub async fn watch(
+    settings: &Settings,
+    installed: Installed,
+    progress: &Progress,
+) -> Result<(), InstallError> {
     let mut seen = inputs(settings);
     let mut renew_at = installed
         .token
         .as_ref()
         .map(|t| Instant::now() + renewal_in(settings, t));
+    let mut watched = Watched::default();
+    progress.phase(&watched.text(renew_at), None);
     loop {
         tokio::time::sleep(POLL).await;
+        watched.looks += 1;
+        progress.update(&watched.text(renew_at));
         let now = inputs(settings);
         if now != seen {
             let mut done = Installed::default();
             super::copy_tls_files(settings, &mut done)?;
-            match super::write_conflist(settings, &mut done) {
-                Ok(()) => seen = now,
+            let rendered = match super::write_conflist(settings, &mut done) {
+                Ok(()) => true,
                 // A half-edited template: kept as it was until it parses.
                 Err(InstallError::Config(e)) => {
+                    progress.clear();
                     tracing::warn!("network config not re-rendered: {e}");
-                    seen = now;
+                    false
                 }
                 Err(e) => return Err(e),
-            }
+            };
+            seen = now;
+            progress.clear();
             report(&done);
+            if rendered {
+                watched.renders += 1;
+                progress.note("network config re-rendered");
+            }
         }
         let (Some(at), Some(cluster)) = (renew_at, &settings.in_cluster) else {
             continue;
@@ -92,10 +135,16 @@ pub async fn watch(settings: &Settings, installed: Installed) -> Result<(), Inst
             Ok(token) => {
                 let mut done = Installed::default();
                 super::write_kubeconfig(settings, &token, &mut done)?;
+                progress.clear();
                 report(&done);
-                renew_at = Some(Instant::now() + renewal_in(settings, &token));
+                let next = renewal_in(settings, &token);
+                renew_at = Some(Instant::now() + next);
+                watched.renewals += 1;
+                let renewed = format!("token renewed; the next renewal in {}", duration_text(next));
+                progress.note(&renewed);
             }
             Err(e) => {
+                progress.clear();
                 tracing::warn!("token not renewed, retrying in 5 s: {e}");
                 renew_at = Some(Instant::now() + MIN_RENEWAL);
             }
