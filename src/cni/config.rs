@@ -367,7 +367,7 @@ impl NetConf {
 
     /// The config's version; absent means 0.1.0, unsupported is code 1.
     pub fn version(&self) -> Result<Version> {
-        Version::from_config(Some(&self.cni_version))
+        Ok(Version::from_config(Some(&self.cni_version))?)
     }
 
     pub fn deadline(&self) -> Duration {

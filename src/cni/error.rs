@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cni::version::SUPPORTED;
+use crate::cni::version::{IncompatibleVersion, SUPPORTED};
 
 /// Spec error codes (CNI spec calico-behaviour.md §Error) and this plugin's own codes (≥ 100).
 pub mod code {
@@ -332,6 +332,12 @@ fn severity(code: u32) -> u8 {
     }
 }
 
+impl From<IncompatibleVersion> for Error {
+    fn from(e: IncompatibleVersion) -> Self {
+        Error::IncompatibleVersion { config: e.config }
+    }
+}
+
 impl From<crate::k8s::K8sError> for Error {
     fn from(e: crate::k8s::K8sError) -> Self {
         use crate::k8s::K8sError;
@@ -348,6 +354,15 @@ impl From<crate::k8s::K8sError> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unsupported_config_version_is_code_1_with_the_supported_list() {
+        let e: Error = crate::cni::version::Version::from_config(Some("9.9.9"))
+            .unwrap_err()
+            .into();
+        assert_eq!(e.code(), 1);
+        assert!(e.details().unwrap().contains("9.9.9"));
+    }
 
     #[test]
     fn missing_env_message_names_variables() {
