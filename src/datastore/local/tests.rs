@@ -477,7 +477,7 @@ fn operator_sql_marks_not_ready() {
 UPDATE counter SET last_revision = last_revision + 1 WHERE id = 1;
 UPDATE resources SET value = json_set(value, '$.spec.datastoreReady', json('false')), revision = (SELECT last_revision FROM counter WHERE id = 1) WHERE kind = 'ClusterInformation' AND namespace = '' AND name = 'default';
 COMMIT;";
-    let docs = include_str!("local.rs").replace("\n//! ", "\n");
+    let docs = include_str!("mod.rs").replace("\n//! ", "\n");
     assert!(docs.contains(sql), "module docs must show the tested SQL");
 
     Connection::open(&path).unwrap().execute_batch(sql).unwrap();

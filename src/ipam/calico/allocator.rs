@@ -40,7 +40,7 @@ use super::block_cache::BlockCache;
 use super::intents::Intents;
 use super::pools::SelectorLabels;
 use crate::datastore::ipam_model::{IpamConfigSpec, IpamHandle};
-use crate::datastore::{DatastoreError, Resource, Store};
+use crate::datastore::{DatastoreError, Store};
 
 mod assign_ip;
 mod auto_assign;

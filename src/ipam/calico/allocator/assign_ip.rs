@@ -8,11 +8,11 @@ use ipnet::IpNet;
 
 use super::super::IpamError;
 use super::super::block;
-use super::super::pools::{SelectorLabels, USE_WORKLOAD};
+use super::super::pools::USE_WORKLOAD;
 use super::auto_assign::with_prefix;
 use super::{Allocator, CAS_ATTEMPTS, contention, ds};
+use crate::datastore::DatastoreError;
 use crate::datastore::ipam_model::{cidr_name, handle_name_on};
-use crate::datastore::{DatastoreError, Resource, Store};
 
 impl<'a> Allocator<'a> {
     /// Assigns exactly `ip` to `handle` (`IP=` and the ipAddrs annotation).

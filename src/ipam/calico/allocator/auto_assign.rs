@@ -10,7 +10,7 @@ use ipnet::IpNet;
 
 use super::super::IpamError;
 use super::super::block;
-use super::super::pools::{SelectorLabels, automatic_pools, host_seed, requested_pools};
+use super::super::pools::{automatic_pools, host_seed, requested_pools};
 use super::handles::new_handle;
 use super::inputs::{Affinities, Inputs};
 use super::{
@@ -20,7 +20,7 @@ use crate::datastore::ipam_model::{
     AFFINITY_CONFIRMED, AFFINITY_PENDING, BlockAffinity, IpPool, IpamBlock, IpamConfigSpec,
     IpamHandle, cidr_name, cidr_of_block_name, handle_name_on,
 };
-use crate::datastore::{DatastoreError, Resource, Store, Write, decode};
+use crate::datastore::{DatastoreError, Resource, Write, decode};
 
 /// What one family got, and why it fell short.
 pub(super) struct FamilyOutcome {

@@ -14,7 +14,7 @@ use crate::datastore::ipam_model::{
     AFFINITY_CONFIRMED, AFFINITY_PENDING, BlockAffinity, BlockAffinitySpec, IpPool, IpamBlock,
     affinity_labels, affinity_name_on, cidr_name,
 };
-use crate::datastore::{DatastoreError, Resource, Store};
+use crate::datastore::{DatastoreError, Resource};
 
 /// Whether an object created at `timestamp` (RFC 3339; none: long ago)
 /// was made less than `within` ago.

@@ -7,11 +7,10 @@ use std::collections::BTreeMap;
 use ipnet::IpNet;
 
 use super::super::IpamError;
-use super::super::block_cache::{self};
-use super::super::pools::SelectorLabels;
+use super::super::block_cache;
 use super::{Allocator, AutoAssign, CAS_ATTEMPTS, contention, ds, pause};
+use crate::datastore::DatastoreError;
 use crate::datastore::ipam_model::{IpamHandle, IpamHandleSpec, handle_name_on};
-use crate::datastore::{DatastoreError, Resource, Store};
 
 /// A new handle `name` for `handle` holding `n` addresses of `cidr`.
 pub(super) fn new_handle(name: &str, handle: &str, cidr: &IpNet, n: usize) -> IpamHandle {

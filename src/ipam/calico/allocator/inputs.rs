@@ -11,13 +11,13 @@ use std::time::SystemTime;
 use ipnet::IpNet;
 
 use super::super::IpamError;
-use super::super::pools::{SelectorLabels, pools_select_nodes};
+use super::super::pools::pools_select_nodes;
 use super::{Allocator, AutoAssign, ds};
+use crate::datastore::ListFilter;
 use crate::datastore::ipam_model::{
     BlockAffinity, IpPool, IpReservation, IpamConfig, IpamConfigSpec, LABEL_AFFINITY_TYPE,
     LABEL_HOSTNAME_HASH, LABEL_IP_VERSION, hostname_hash,
 };
-use crate::datastore::{ListFilter, Resource, Store};
 
 /// What an auto-assignment reads besides the blocks: IPAMConfig, the
 /// pools, the reservations and this host's BlockAffinities of each family

@@ -11,14 +11,13 @@ use ipnet::IpNet;
 
 use super::super::IpamError;
 use super::super::block;
-use super::super::pools::SelectorLabels;
 use super::claim::made_within;
 use super::{Allocator, CAS_ATTEMPTS, contention, ds};
 use crate::datastore::ipam_model::{
     ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, BlockAffinity, IpPool, IpamBlock, IpamHandle,
     affinity_labels, cidr_name, handle_name_on,
 };
-use crate::datastore::{DatastoreError, ListFilter, Resource, Store};
+use crate::datastore::{DatastoreError, ListFilter};
 
 impl<'a> Allocator<'a> {
     /// Whether this host can be given one more address from `pools`: a

@@ -8,10 +8,9 @@ use ipnet::IpNet;
 
 use super::super::IpamError;
 use super::super::block;
-use super::super::pools::SelectorLabels;
 use super::{Allocator, CAS_ATTEMPTS, contention, ds};
 use crate::datastore::ipam_model::{IpamBlock, IpamHandle, cidr_name, handle_name_on};
-use crate::datastore::{DatastoreError, ListFilter, Resource, Store};
+use crate::datastore::{DatastoreError, ListFilter};
 
 /// What [`Allocator::release_address`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
