@@ -82,7 +82,7 @@ extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc:
     // is given here, before that).
     std::panic::set_hook(Box::new(|info| {
         let command = std::env::var("CNI_COMMAND").unwrap_or_default();
-        let err = Error::Internal(format!("Calico CNI panicked during {command}: {info}"));
+        let err = Error::internal(format!("Calico CNI panicked during {command}: {info}"));
         print(&Exit::error(&err, CURRENT));
         std::process::exit(1);
     }));

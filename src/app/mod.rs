@@ -13,7 +13,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::cni::env::{CniEnv, Command, Invocation};
-use crate::cni::error::{Error, Result};
+use crate::cni::error::{BadInvocation, Error, Result};
 use crate::cni::result::to_pretty_json;
 use crate::cni::version::{self, SUPPORTED};
 use crate::cni::{Request, Version};
@@ -55,8 +55,8 @@ impl Personality {
         match base {
             "calico" | "calico.exe" => Ok(Personality::Calico),
             "calico-ipam" | "calico-ipam.exe" => Ok(Personality::CalicoIpam),
-            other => Err(Error::Invocation(format!(
-                "Unknown binary name: {other} (expected calico or calico-ipam)"
+            other => Err(Error::invocation(BadInvocation::UnknownBinaryName(
+                other.to_string(),
             ))),
         }
     }
@@ -235,10 +235,7 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
 
     let mut input = Vec::new();
     if let Err(e) = stdin.read_to_end(&mut input) {
-        return Exit::error(
-            &Error::Io(format!("error reading from stdin: {e}")),
-            version::CURRENT,
-        );
+        return Exit::error(&Error::io("error reading from stdin", e), version::CURRENT);
     }
     let label = reply_version(&input);
     if renamed {
@@ -268,10 +265,7 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
     let runtime = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            return Exit::error(
-                &Error::Internal(format!("cannot start runtime: {e}")),
-                &label,
-            );
+            return Exit::error(&Error::internal_caused("cannot start runtime", e), &label);
         }
     };
     let outcome = runtime.block_on(dispatch(personality, request));
@@ -344,7 +338,7 @@ fn test_connection(stdin: &mut dyn Read, vars: &HashMap<String, String>) -> Exit
     };
     let mut input = Vec::new();
     if let Err(e) = stdin.read_to_end(&mut input) {
-        return failed(&Error::Io(format!("error reading from stdin: {e}")));
+        return failed(&Error::io("error reading from stdin", e));
     }
     if input.trim_ascii().is_empty() {
         // Nothing to test: not a datastore failure (Calico's says "data
@@ -365,7 +359,7 @@ fn test_connection(stdin: &mut dyn Read, vars: &HashMap<String, String>) -> Exit
                 .iter()
                 .find(|p| p.get("type").and_then(Value::as_str) == Some("calico"))
                 .cloned()
-                .ok_or_else(|| Error::InvalidConfig("the conflist has no calico plugin".into()))?,
+                .ok_or_else(|| Error::invalid_config("the conflist has no calico plugin"))?,
             None => raw,
         };
         crate::cni::NetConf::from_value(&plugin)
@@ -383,7 +377,7 @@ fn test_connection(stdin: &mut dyn Read, vars: &HashMap<String, String>) -> Exit
     });
     let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => return failed(&Error::Internal(format!("cannot start runtime: {e}"))),
+        Err(e) => return failed(&Error::internal_caused("cannot start runtime", e)),
     };
     match runtime.block_on(crate::plugin::connection::test_connection(&conf, vars)) {
         Ok(()) => Exit::default(),

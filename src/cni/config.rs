@@ -347,17 +347,17 @@ impl NetConf {
     pub fn from_value(raw: &Value) -> Result<NetConf> {
         let obj = raw
             .as_object()
-            .ok_or_else(|| Error::Decode("network config is not a JSON object".into()))?;
+            .ok_or_else(|| Error::decode("network config is not a JSON object"))?;
         let canonical = Value::Object(canonicalize(obj, NETCONF_KEYS));
         let conf: NetConf = serde_path_to_error::deserialize(canonical).map_err(|e| {
-            Error::InvalidConfig(format!(
+            Error::invalid_config(format!(
                 "failed to load netconf: field {:?}: {}",
                 e.path().to_string(),
                 e.inner()
             ))
         })?;
         if !(conf.deadline_seconds > 0.0 && conf.deadline_seconds <= MAX_DEADLINE_SECONDS) {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Error::invalid_config(format!(
                 "failed to load netconf: deadline_seconds must be more than 0 and at most {MAX_DEADLINE_SECONDS}, not {}",
                 conf.deadline_seconds
             )));
@@ -367,7 +367,7 @@ impl NetConf {
 
     /// The config's version; absent means 0.1.0, unsupported is code 1.
     pub fn version(&self) -> Result<Version> {
-        Version::from_config(Some(&self.cni_version))
+        Ok(Version::from_config(Some(&self.cni_version))?)
     }
 
     pub fn deadline(&self) -> Duration {
@@ -454,7 +454,7 @@ impl NetConf {
         }
         let path = self.nodename_file();
         std::fs::metadata(path).map(|_| ()).map_err(|e| {
-            Error::InvalidConfig(format!(
+            Error::invalid_config(format!(
                 "stat {}: {}: {NODENAME_FILE_HINT}",
                 path.display(),
                 e
@@ -469,18 +469,21 @@ impl NetConf {
         let path = self.mtu_file();
         let from_file = match std::fs::read_to_string(path) {
             Ok(text) => text.trim().parse::<u32>().map_err(|e| {
-                Error::InvalidConfig(format!("failed to read MTU file {}: {e}", path.display()))
+                Error::invalid_config_caused(
+                    format!("failed to read MTU file {}", path.display()),
+                    e,
+                )
             })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !self.require_mtu_file => 0,
             Err(e) => {
-                return Err(Error::InvalidConfig(format!(
-                    "failed to read MTU file: open {}: {e}",
-                    path.display()
-                )));
+                return Err(Error::invalid_config_caused(
+                    format!("failed to read MTU file: open {}", path.display()),
+                    e,
+                ));
             }
         };
         if self.mtu < 0 || self.mtu > i64::from(u16::MAX) {
-            return Err(Error::InvalidConfig(format!("invalid mtu {}", self.mtu)));
+            return Err(Error::invalid_config(format!("invalid mtu {}", self.mtu)));
         }
         Ok(if self.mtu == 0 {
             from_file

@@ -42,21 +42,21 @@ pub struct Delegate {
 /// Finds `plugin` in the `CNI_PATH` directories: the first regular file wins.
 pub fn find_in_path(plugin: &str, path: &[PathBuf]) -> Result<PathBuf> {
     if plugin.is_empty() {
-        return Err(Error::InvalidConfig("no plugin name provided".into()));
+        return Err(Error::invalid_config("no plugin name provided"));
     }
     if plugin.contains(std::path::MAIN_SEPARATOR) {
-        return Err(Error::InvalidConfig(format!(
+        return Err(Error::invalid_config(format!(
             "invalid plugin name: {plugin:?} must not contain a path separator"
         )));
     }
     if path.is_empty() {
-        return Err(Error::InvalidConfig("no paths provided".into()));
+        return Err(Error::invalid_config("no paths provided"));
     }
     path.iter()
         .map(|dir| dir.join(plugin))
         .find(|p| std::fs::metadata(p).map(|m| m.is_file()).unwrap_or(false))
         .ok_or_else(|| {
-            Error::InvalidConfig(format!(
+            Error::invalid_config(format!(
                 "failed to find plugin {plugin:?} in path [{}]",
                 path.iter()
                     .map(|p| p.display().to_string())

@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cni::version::SUPPORTED;
+use crate::cni::version::{IncompatibleVersion, SUPPORTED};
 
 /// Spec error codes (CNI spec calico-behaviour.md §Error) and this plugin's own codes (≥ 100).
 pub mod code {
@@ -83,12 +83,34 @@ pub enum Kind {
     TimedOut,
 }
 
-fn failure_text(what: &str, source: Option<&(dyn std::error::Error + Send + Sync)>) -> String {
+/// `what: source`, `what` alone, or `source` alone when `what` is empty.
+fn failure_text(what: &str, source: Option<&dyn std::fmt::Display>) -> String {
     match source {
         None => what.to_string(),
         Some(source) if what.is_empty() => source.to_string(),
         Some(source) => format!("{what}: {source}"),
     }
+}
+
+/// What the plugin does not support (code 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsupported {
+    /// A feature the runtime asked for that this kind of workload lacks.
+    #[error("requested feature is not supported for this runtime: {0}")]
+    FeatureForRuntime(&'static str),
+    /// A readiness gate whose URL is not http:// or https://.
+    #[error(
+        "invalid URL set for ReadinessGates:{0} Error:only http:// and https:// readiness gates are supported"
+    )]
+    ReadinessGateUrl(String),
+}
+
+/// How the executable was started that it does not answer to (code 110).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadInvocation {
+    /// argv[0] names neither personality.
+    #[error("Unknown binary name: {0} (expected calico or calico-ipam)")]
+    UnknownBinaryName(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,22 +131,48 @@ pub enum Error {
         value: String,
     },
 
-    #[error("{0}")]
-    Io(String),
+    /// Reading or writing failed: `context: source`.
+    #[error("{}", failure_text(context, Some(source as &dyn std::fmt::Display)))]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
 
-    #[error("{0}")]
-    Decode(String),
+    /// Input that does not decode: `context`, then the JSON error when there
+    /// is one.
+    #[error("{}", failure_text(context, source.as_ref().map(|e| e as &dyn std::fmt::Display)))]
+    Decode {
+        context: String,
+        #[source]
+        source: Option<serde_json::Error>,
+    },
 
-    #[error("{0}")]
-    InvalidConfig(String),
+    /// A configuration the plugin cannot run with (code 7): `context`, then
+    /// the module's own error when there is one.
+    #[error("{}", failure_text(context, source.as_deref().map(|e| e as &dyn std::fmt::Display)))]
+    InvalidConfig {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
 
     /// The named field or value is not supported (code 2).
-    #[error("{0}")]
-    UnsupportedField(String),
+    #[error("{}", failure_text(context, Some(unsupported as &dyn std::fmt::Display)))]
+    UnsupportedField {
+        context: String,
+        #[source]
+        unsupported: Unsupported,
+    },
 
-    /// STATUS: this plugin cannot serve ADD now.
-    #[error("{0}")]
-    NotAvailable(String),
+    /// STATUS: this plugin cannot serve ADD now; `source` is the failure
+    /// that says why, when there is one.
+    #[error("{}", failure_text(context, source.as_deref().map(|e| e as &dyn std::fmt::Display)))]
+    NotAvailable {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
 
     /// A delegated plugin's own error, passed up unchanged.
     #[error("{0}")]
@@ -132,7 +180,7 @@ pub enum Error {
 
     /// A service failed while doing `what`; `source` is the module's own
     /// error when there is one.
-    #[error("{}", failure_text(what, source.as_deref()))]
+    #[error("{}", failure_text(what, source.as_deref().map(|e| e as &dyn std::fmt::Display)))]
     Failed {
         kind: Kind,
         what: String,
@@ -140,11 +188,22 @@ pub enum Error {
         source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
 
-    #[error("{0}")]
-    Invocation(String),
+    /// The executable was started in a way it does not answer to.
+    #[error("{}", failure_text(context, Some(invocation as &dyn std::fmt::Display)))]
+    Invocation {
+        context: String,
+        #[source]
+        invocation: BadInvocation,
+    },
 
-    #[error("{0}")]
-    Internal(String),
+    /// A bug or an impossible state (a panic, a runtime that would not
+    /// start): `context`, then the error when there is one.
+    #[error("{}", failure_text(context, source.as_deref().map(|e| e as &dyn std::fmt::Display)))]
+    Internal {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
 
     /// Several steps failed (GC, DEL's parts): every error, reported
     /// together; the code is the most severe one's.
@@ -160,11 +219,11 @@ impl Error {
                 INCOMPATIBLE_VERSION
             }
             Error::MissingEnv(_) | Error::InvalidEnv { .. } => INVALID_ENV,
-            Error::Io(_) => IO,
-            Error::Decode(_) => DECODE,
-            Error::InvalidConfig(_) => INVALID_CONFIG,
-            Error::UnsupportedField(_) => UNSUPPORTED_FIELD,
-            Error::NotAvailable(_) => NOT_AVAILABLE,
+            Error::Io { .. } => IO,
+            Error::Decode { .. } => DECODE,
+            Error::InvalidConfig { .. } => INVALID_CONFIG,
+            Error::UnsupportedField { .. } => UNSUPPORTED_FIELD,
+            Error::NotAvailable { .. } => NOT_AVAILABLE,
             Error::Delegated(e) => e.code,
             Error::Failed { kind, .. } => match kind {
                 Kind::Datastore => DATASTORE,
@@ -174,8 +233,8 @@ impl Error {
                 Kind::Unauthorized => UNAUTHORIZED,
                 Kind::TimedOut => TRY_AGAIN_LATER,
             },
-            Error::Invocation(_) => INVOCATION,
-            Error::Internal(_) => INTERNAL,
+            Error::Invocation { .. } => INVOCATION,
+            Error::Internal { .. } => INTERNAL,
             Error::Several(errors) => errors
                 .iter()
                 .map(Error::code)
@@ -187,6 +246,104 @@ impl Error {
                     }
                 })
                 .unwrap_or(INTERNAL),
+        }
+    }
+
+    /// Reading or writing failed while doing `context`.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Input that does not decode, told by `context` alone.
+    pub fn decode(context: impl Into<String>) -> Error {
+        Error::Decode {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// JSON that does not decode as `context`.
+    pub fn decode_json(context: impl Into<String>, source: serde_json::Error) -> Error {
+        Error::Decode {
+            context: context.into(),
+            source: Some(source),
+        }
+    }
+
+    /// A configuration the plugin cannot run with, told by `context` alone.
+    pub fn invalid_config(context: impl Into<String>) -> Error {
+        Error::InvalidConfig {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// A configuration the plugin cannot run with: `context`, caused by `source`.
+    pub fn invalid_config_caused(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Error {
+        Error::InvalidConfig {
+            context: context.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// A field or value the plugin does not support.
+    pub fn unsupported(unsupported: Unsupported) -> Error {
+        Error::UnsupportedField {
+            context: String::new(),
+            unsupported,
+        }
+    }
+
+    /// STATUS: not ready, told by `context` alone.
+    pub fn not_available(context: impl Into<String>) -> Error {
+        Error::NotAvailable {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// STATUS: not ready because of `source` (its message, unchanged, when
+    /// `context` is empty).
+    pub fn not_available_caused(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Error {
+        Error::NotAvailable {
+            context: context.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// The executable was started in a way it does not answer to.
+    pub fn invocation(invocation: BadInvocation) -> Error {
+        Error::Invocation {
+            context: String::new(),
+            invocation,
+        }
+    }
+
+    /// A bug or an impossible state, told by `context` alone.
+    pub fn internal(context: impl Into<String>) -> Error {
+        Error::Internal {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// A bug or an impossible state while doing `context`, caused by `source`.
+    pub fn internal_caused(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Error {
+        Error::Internal {
+            context: context.into(),
+            source: Some(Box::new(source)),
         }
     }
 
@@ -284,29 +441,59 @@ impl Error {
     /// Prefixes the message with context, keeping the variant (and so the code).
     pub fn context(self, what: impl std::fmt::Display) -> Error {
         let what_text = what.to_string();
-        let wrap = |m: String| format!("{what_text}: {m}");
+        // The context reads first: "what: context: source".
+        let wrap = |m: String| {
+            if m.is_empty() {
+                what_text.clone()
+            } else {
+                format!("{what_text}: {m}")
+            }
+        };
         match self {
-            Error::Io(m) => Error::Io(wrap(m)),
-            Error::Decode(m) => Error::Decode(wrap(m)),
-            Error::InvalidConfig(m) => Error::InvalidConfig(wrap(m)),
-            Error::UnsupportedField(m) => Error::UnsupportedField(wrap(m)),
-            Error::NotAvailable(m) => Error::NotAvailable(wrap(m)),
-            Error::Failed { kind, what, source } => Error::Failed {
-                kind,
-                what: if what.is_empty() {
-                    what_text.to_string()
-                } else {
-                    wrap(what)
-                },
+            Error::Io { context, source } => Error::Io {
+                context: wrap(context),
                 source,
             },
-            Error::Invocation(m) => Error::Invocation(wrap(m)),
-            Error::Internal(m) => Error::Internal(wrap(m)),
+            Error::Decode { context, source } => Error::Decode {
+                context: wrap(context),
+                source,
+            },
+            Error::InvalidConfig { context, source } => Error::InvalidConfig {
+                context: wrap(context),
+                source,
+            },
+            Error::UnsupportedField {
+                context,
+                unsupported,
+            } => Error::UnsupportedField {
+                context: wrap(context),
+                unsupported,
+            },
+            Error::NotAvailable { context, source } => Error::NotAvailable {
+                context: wrap(context),
+                source,
+            },
+            Error::Failed { kind, what, source } => Error::Failed {
+                kind,
+                what: wrap(what),
+                source,
+            },
+            Error::Invocation {
+                context,
+                invocation,
+            } => Error::Invocation {
+                context: wrap(context),
+                invocation,
+            },
+            Error::Internal { context, source } => Error::Internal {
+                context: wrap(context),
+                source,
+            },
             Error::Several(mut errors) => {
                 // "what: first; second": the context reads once.
                 if let Some(first) = errors.first_mut() {
-                    *first = std::mem::replace(first, Error::Internal(String::new()))
-                        .context(what.to_string());
+                    *first =
+                        std::mem::replace(first, Error::internal(String::new())).context(what_text);
                 }
                 Error::Several(errors)
             }
@@ -332,11 +519,17 @@ fn severity(code: u32) -> u8 {
     }
 }
 
+impl From<IncompatibleVersion> for Error {
+    fn from(e: IncompatibleVersion) -> Self {
+        Error::IncompatibleVersion { config: e.config }
+    }
+}
+
 impl From<crate::k8s::K8sError> for Error {
     fn from(e: crate::k8s::K8sError) -> Self {
         use crate::k8s::K8sError;
         let kind = match &e {
-            K8sError::Config(m) => return Error::InvalidConfig(m.clone()),
+            K8sError::Config(_) => return Error::invalid_config_caused("", e),
             K8sError::Timeout(_) => Kind::TimedOut,
             K8sError::Unauthorized(_) => Kind::Unauthorized,
             _ => Kind::Kubernetes,
@@ -348,6 +541,15 @@ impl From<crate::k8s::K8sError> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unsupported_config_version_is_code_1_with_the_supported_list() {
+        let e: Error = crate::cni::version::Version::from_config(Some("9.9.9"))
+            .unwrap_err()
+            .into();
+        assert_eq!(e.code(), 1);
+        assert!(e.details().unwrap().contains("9.9.9"));
+    }
 
     #[test]
     fn missing_env_message_names_variables() {
@@ -373,7 +575,7 @@ mod tests {
 
     #[test]
     fn reply_json_shape() {
-        let reply = Error::InvalidConfig("missing network name".into()).to_reply("0.4.0");
+        let reply = Error::invalid_config("missing network name").to_reply("0.4.0");
         let v = serde_json::to_value(&reply).unwrap();
         assert_eq!(
             v,

@@ -26,15 +26,15 @@ pub struct Request {
 /// Decodes stdin as a network config: JSON (code 6) with a valid `name` (code 7).
 pub fn decode_config(stdin: &[u8]) -> Result<Value> {
     let raw: Value = serde_json::from_slice(stdin)
-        .map_err(|e| Error::Decode(format!("error unmarshall network config: {e}")))?;
+        .map_err(|e| Error::decode_json("error unmarshall network config", e))?;
     if !raw.is_object() {
-        return Err(Error::Decode(
-            "error unmarshall network config: not a JSON object".into(),
+        return Err(Error::decode(
+            "error unmarshall network config: not a JSON object",
         ));
     }
     match raw.get("name").and_then(Value::as_str) {
-        None | Some("") => Err(Error::InvalidConfig("missing network name".into())),
-        Some(name) if !valid_identifier(name) => Err(Error::InvalidConfig(format!(
+        None | Some("") => Err(Error::invalid_config("missing network name")),
+        Some(name) if !valid_identifier(name) => Err(Error::invalid_config(format!(
             "invalid characters in network name {name:?}: only letters a-z, numbers 0-9, and symbols _.- are supported"
         ))),
         Some(_) => Ok(raw),
@@ -53,7 +53,7 @@ pub fn check_version(command: Command, raw: &Value) -> Result<Version> {
     };
     if let (Some(_), Some(text)) = (gate, text) {
         // The skeleton parses the version numerically before these verbs.
-        Version::parse(text).map_err(Error::Decode)?;
+        Version::parse(text).map_err(Error::decode)?;
     }
     let version = Version::from_config(text)?;
     if let Some((verb, min)) = gate
@@ -94,7 +94,7 @@ impl Request {
         };
         serde_json::from_value(list.clone())
             .map(Some)
-            .map_err(|e| Error::InvalidConfig(format!("invalid cni.dev/valid-attachments: {e}")))
+            .map_err(|e| Error::invalid_config_caused("invalid cni.dev/valid-attachments", e))
     }
 }
 

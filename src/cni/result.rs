@@ -237,9 +237,7 @@ impl CniResult {
                 };
                 let (ip4, ip6) = (family(true), family(false));
                 if ip4.is_none() && ip6.is_none() {
-                    return Err(Error::Internal(
-                        "cannot convert: no valid IP addresses".into(),
-                    ));
+                    return Err(Error::internal("cannot convert: no valid IP addresses"));
                 }
                 serde_json::to_value(Wire02 {
                     cni_version,
@@ -249,7 +247,7 @@ impl CniResult {
                 })
             }
         };
-        value.map_err(|e| Error::Internal(format!("failed to encode result: {e}")))
+        value.map_err(|e| Error::internal_caused("failed to encode result", e))
     }
 
     /// Parses a result of any supported version. A result without
@@ -259,7 +257,7 @@ impl CniResult {
             Value::Null => Map::new(),
             Value::Object(m) => m.clone(),
             other => {
-                return Err(Error::Decode(format!(
+                return Err(Error::decode(format!(
                     "result is not a JSON object: {other}"
                 )));
             }
@@ -269,8 +267,9 @@ impl CniResult {
             _ => default_version,
         };
         obj.insert("cniVersion".into(), Value::String(version.to_string()));
-        let decode_err =
-            |e: serde_json::Error| Error::Decode(format!("failed to decode {version} result: {e}"));
+        let decode_err = |e: serde_json::Error| {
+            Error::decode_json(format!("failed to decode {version} result"), e)
+        };
         let obj = Value::Object(obj);
         let result = match version.family() {
             Family::V1 => {

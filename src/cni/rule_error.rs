@@ -21,7 +21,7 @@ impl RuleError {
 
 impl From<RuleError> for crate::cni::Error {
     fn from(e: RuleError) -> Self {
-        crate::cni::Error::InvalidConfig(e.0)
+        crate::cni::Error::invalid_config_caused("", e)
     }
 }
 
@@ -42,7 +42,13 @@ mod tests {
     #[test]
     fn rule_error_becomes_invalid_config() {
         let e: crate::cni::Error = RuleError::new("bad thing").into();
-        assert!(matches!(&e, crate::cni::Error::InvalidConfig(m) if m == "bad thing"));
+        assert!(matches!(
+            &e,
+            crate::cni::Error::InvalidConfig {
+                source: Some(_),
+                ..
+            }
+        ));
         assert_eq!(e.to_string(), "bad thing");
     }
 }

@@ -243,7 +243,7 @@ impl From<DataplaneError> for crate::cni::Error {
     fn from(e: DataplaneError) -> Self {
         use crate::cni::error::Kind;
         let kind = match e {
-            DataplaneError::Config(msg) => return crate::cni::Error::InvalidConfig(msg),
+            DataplaneError::Config(msg) => return crate::cni::Error::invalid_config(msg),
             DataplaneError::Timeout(_) => Kind::TimedOut,
             _ => Kind::Dataplane,
         };

@@ -366,9 +366,29 @@ pub fn handle_name_on(backend: super::Backend, handle_id: &str) -> String {
 /// key under the node).
 pub fn affinity_name_on(backend: super::Backend, node: &str, cidr: &IpNet) -> String {
     match backend {
-        super::Backend::Etcd => super::etcd::codec::affinity_name(node, cidr),
+        super::Backend::Etcd => etcd_affinity_name(node, cidr),
         _ => affinity_name(node, cidr),
     }
+}
+
+/// The BlockAffinity's name on etcd: its key below `/calico/ipam/v2/`,
+/// `host/<node>/ipv4/block/10.0.0.0-26`.
+pub fn etcd_affinity_name(node: &str, cidr: &IpNet) -> String {
+    format!(
+        "host/{node}/ipv{}/block/{}",
+        ip_family(cidr),
+        cidr_key_segment(cidr)
+    )
+}
+
+/// A CIDR as the last segment of an etcd block or affinity key: `/` as `-`.
+pub fn cidr_key_segment(cidr: &IpNet) -> String {
+    cidr.to_string().replacen('/', "-", 1)
+}
+
+/// 4 or 6.
+pub fn ip_family(cidr: &IpNet) -> u8 {
+    if cidr.addr().is_ipv4() { 4 } else { 6 }
 }
 
 /// The BlockAffinity name of `node`'s affinity to `cidr`: `<node>-<cidr

@@ -36,7 +36,7 @@ pub fn datastore_kind(c: &NetConf, vars: &HashMap<String, String>) -> Result<Bac
         "" if etcd() => Ok(Backend::Etcd),
         "" if !c.kubernetes.kubeconfig.is_empty() => Ok(Backend::Kubernetes),
         "" => Ok(Backend::Local),
-        other => Err(Error::InvalidConfig(format!(
+        other => Err(Error::invalid_config(format!(
             "unknown datastore_type {other:?} (supported: local, kubernetes, etcdv3)"
         ))),
     }
@@ -58,7 +58,7 @@ pub async fn open_local(conf: &NetConf, busy: Duration) -> Result<Arc<LocalStore
     let path = conf.local_datastore_path();
     let store = crate::handoff::spawn_blocking(move || LocalStore::open(&path, busy))
         .await
-        .map_err(|e| Error::Internal(format!("opening the datastore: {e}")))?
+        .map_err(|e| Error::internal_caused("opening the datastore", e))?
         .map_err(|e| e.context("error creating calico client"))?;
     Ok(Arc::new(store))
 }
@@ -170,13 +170,13 @@ pub fn etcd_config(conf: &NetConf, vars: &HashMap<String, String>) -> Result<Etc
     }
     match (endpoints.is_empty(), discovery.is_empty()) {
         (false, false) => {
-            return Err(Error::InvalidConfig(
-                "multiple discovery or bootstrap options specified, use either \"etcd_endpoints\" or \"etcd_discovery_srv\"".into(),
+            return Err(Error::invalid_config(
+                "multiple discovery or bootstrap options specified, use either \"etcd_endpoints\" or \"etcd_discovery_srv\"",
             ));
         }
         (true, true) => {
-            return Err(Error::InvalidConfig(
-                "datastore_type is etcdv3 but no etcd_endpoints are configured".into(),
+            return Err(Error::invalid_config(
+                "datastore_type is etcdv3 but no etcd_endpoints are configured",
             ));
         }
         _ => {}

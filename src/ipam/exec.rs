@@ -41,7 +41,7 @@ impl ExecIpam {
             return Ok(None);
         }
         let store = self.setup.store.get().cloned().ok_or_else(|| {
-            Error::Internal("calico-ipam's allocations need the datastore opened".into())
+            Error::internal("calico-ipam's allocations need the datastore opened")
         })?;
         Ok(Some(Call {
             store,
@@ -63,7 +63,7 @@ impl ExecIpam {
         let collected =
             crate::handoff::spawn_blocking(move || host_local_gc::collect(&dir, &valid, deadline))
                 .await
-                .map_err(|e| Error::Internal(format!("host-local GC stopped: {e}")))?
+                .map_err(|e| Error::internal_caused("host-local GC stopped", e))?
                 .map_err(|e| Error::caused(Kind::Ipam, "host-local GC", e))?;
         if !collected.released.is_empty() {
             tracing::info!(released = ?collected.released, kept = collected.kept, "host-local GC");

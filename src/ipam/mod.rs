@@ -155,7 +155,7 @@ pub fn open(
 ) -> Result<Arc<dyn Ipam>> {
     if in_process {
         let store = setup.store.get().cloned().ok_or_else(|| {
-            crate::cni::Error::Internal("calico-ipam in process needs the datastore".into())
+            crate::cni::Error::internal("calico-ipam in process needs the datastore")
         })?;
         return Ok(Arc::new(InProcessIpam::new(req, store, setup, deadline)));
     }

@@ -83,11 +83,11 @@ pub fn validate_dataplane(ctx: &Context) -> Result<DeviceKind> {
         None => Ok(()),
         Some("grpc") => match req.conf.dataplane_options.get("socket") {
             Some(Value::String(s)) if !s.is_empty() => Ok(()),
-            _ => Err(Error::InvalidConfig(
-                "GRPC dataplane socket not configured".into(),
+            _ => Err(Error::invalid_config(
+                "GRPC dataplane socket not configured",
             )),
         },
-        Some(other) => Err(Error::InvalidConfig(format!(
+        Some(other) => Err(Error::invalid_config(format!(
             "invalid dataplane type: {other}"
         ))),
     }?;
@@ -100,7 +100,7 @@ pub fn device_kind(device_type: &str) -> Result<DeviceKind> {
     match device_type {
         "" | "veth" => Ok(DeviceKind::Veth),
         "netkit" => Ok(DeviceKind::Netkit),
-        other => Err(Error::InvalidConfig(format!(
+        other => Err(Error::invalid_config(format!(
             "unknown device_type {other:?} in CNI config (supported: \"veth\", \"netkit\")"
         ))),
     }

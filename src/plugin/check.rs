@@ -20,7 +20,7 @@ pub async fn cmd_check(ctx: &Context, workload: &dyn Workload) -> Result<()> {
         .conf
         .prev_result
         .as_ref()
-        .ok_or_else(|| Error::InvalidConfig("CHECK requires prevResult".into()))?;
+        .ok_or_else(|| Error::invalid_config("CHECK requires prevResult"))?;
     let (prev, _) = CniResult::parse(prev, req.version)?;
     let container = prev
         .interfaces

@@ -160,7 +160,7 @@ impl Context {
     /// The WorkloadEndpoint's name.
     pub fn endpoint_name(&self) -> Result<String> {
         self.ids.name().map_err(|e| {
-            Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
+            Error::invalid_config_caused("error constructing WorkloadEndpoint name", e)
         })
     }
 
@@ -291,7 +291,7 @@ impl Context {
             .map(String::as_str)
         {
             Some("panic") if step == "start" => panic!("injected panic"),
-            Some(s) if s == step => Err(Error::Internal(format!("injected failure after {step}"))),
+            Some(s) if s == step => Err(Error::internal(format!("injected failure after {step}"))),
             _ => Ok(()),
         }
     }

@@ -54,7 +54,7 @@ impl PolicyWait {
     pub fn from_conf(conf: &NetConf) -> Result<Option<PolicyWait>> {
         let seconds = conf.policy_setup_timeout_seconds;
         if seconds < 0 {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Error::invalid_config(format!(
                 "invalid pod startup delay of {seconds}"
             )));
         }

@@ -15,6 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
+use crate::cni::error::Unsupported;
 use crate::cni::{Error, Result};
 
 const GATE_LIMIT: Duration = Duration::from_secs(30);
@@ -28,13 +29,13 @@ pub fn parse_gates(gates: &[String]) -> Result<Vec<http::Uri>> {
     gates
         .iter()
         .map(|g| {
-            let uri: http::Uri = g
-                .parse()
-                .map_err(|e| Error::InvalidConfig(format!("invalid URL set for ReadinessGates:{g} Error:{e}")))?;
+            let uri: http::Uri = g.parse().map_err(|e| {
+                Error::invalid_config(format!("invalid URL set for ReadinessGates:{g} Error:{e}"))
+            })?;
             match uri.scheme_str() {
                 Some("http" | "https") if uri.host().is_some() => Ok(uri),
-                _ => Err(Error::UnsupportedField(format!(
-                    "invalid URL set for ReadinessGates:{g} Error:only http:// and https:// readiness gates are supported"
+                _ => Err(Error::unsupported(Unsupported::ReadinessGateUrl(
+                    g.to_string(),
                 ))),
             }
         })

@@ -92,13 +92,13 @@ pub fn cannot_succeed(e: &Error) -> bool {
     }
     matches!(
         e,
-        Error::InvalidConfig(_)
-            | Error::Decode(_)
+        Error::InvalidConfig { .. }
+            | Error::Decode { .. }
             | Error::InvalidEnv { .. }
             | Error::MissingEnv(_)
             | Error::IncompatibleVersion { .. }
             | Error::VerbNotAllowed { .. }
-            | Error::UnsupportedField(_)
+            | Error::UnsupportedField { .. }
     )
 }
 
@@ -164,7 +164,7 @@ fn del_request(owed: &Owed, deadline: Instant) -> Result<Request> {
     vars.insert("CNI_NETNS".into(), String::new());
     let env: CniEnv = match CniEnv::from_vars(vars)? {
         Invocation::Command(env) => *env,
-        Invocation::About => return Err(Error::Internal("a queued DEL without a command".into())),
+        Invocation::About => return Err(Error::internal("a queued DEL without a command")),
     };
     Ok(Request {
         env,
@@ -384,7 +384,7 @@ mod tests {
     }
 
     fn plugin_gone() -> Error {
-        Error::InvalidConfig("failed to find plugin \"calico-ipam\" in path [/gone]".into())
+        Error::invalid_config("failed to find plugin \"calico-ipam\" in path [/gone]")
     }
 
     /// A DEL whose IPAM plugin is gone while its datastore was down: queued

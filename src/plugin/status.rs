@@ -14,7 +14,7 @@ use crate::plugin::context::Context;
 /// STATUS passes; code 50 with the reason otherwise.
 pub async fn cmd_status(ctx: &Context) -> Result<()> {
     let req = &ctx.req;
-    let not_available = |e: Error| Error::NotAvailable(e.to_string());
+    let not_available = |e: Error| Error::not_available_caused("", e);
     ctx.ensure_ready().await.map_err(not_available)?;
     token_lasts(ctx).await?;
     ctx.ipam()
@@ -23,10 +23,10 @@ pub async fn cmd_status(ctx: &Context) -> Result<()> {
         .status(&req.raw)
         .await
         .map_err(|e| {
-            Error::NotAvailable(format!(
-                "IPAM plugin {} is not ready: {e}",
-                req.conf.ipam.kind
-            ))
+            Error::not_available_caused(
+                format!("IPAM plugin {} is not ready", req.conf.ipam.kind),
+                e,
+            )
         })
 }
 
@@ -43,7 +43,7 @@ async fn token_lasts(ctx: &Context) -> Result<()> {
     let client = ctx
         .k8s()
         .await
-        .map_err(|e| Error::NotAvailable(e.to_string()))?;
+        .map_err(|e| Error::not_available_caused("", e))?;
     let Some((expires, from)) = client.token_expiry() else {
         return Ok(());
     };
@@ -53,7 +53,7 @@ async fn token_lasts(ctx: &Context) -> Result<()> {
         return Ok(());
     }
     let when = crate::k8s::client::rfc3339(expires);
-    Err(Error::NotAvailable(match expires.duration_since(now) {
+    Err(Error::not_available(match expires.duration_since(now) {
         Ok(left) => format!(
             "{from} expires at {when}, in {} s (within the {} s margin): it is not being renewed (calico install --watch or calico-node renews it)",
             left.as_secs(),

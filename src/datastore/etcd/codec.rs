@@ -17,7 +17,9 @@
 use ipnet::IpNet;
 use serde_json::{Map, Value, json};
 
-use super::super::ipam_model::{affinity_labels, cidr_name, cidr_of_block_name};
+use super::super::ipam_model::{
+    affinity_labels, cidr_key_segment, cidr_name, cidr_of_block_name, etcd_affinity_name, ip_family,
+};
 use super::super::model::API_VERSION;
 use super::super::{DatastoreError, EtcdLayout, Kind, ListFilter, meta_field};
 use crate::etcd::KeyValue;
@@ -32,25 +34,11 @@ fn malformed(what: &str) -> DatastoreError {
     DatastoreError::Other(format!("malformed etcd object: {what}"))
 }
 
-/// A CIDR as the last segment of a block or affinity key: `/` as `-`.
-fn cidr_segment(cidr: &IpNet) -> String {
-    cidr.to_string().replacen('/', "-", 1)
-}
-
-fn family(cidr: &IpNet) -> u8 {
-    if cidr.addr().is_ipv4() { 4 } else { 6 }
-}
-
 fn block_key(cidr: &IpNet) -> String {
-    format!("{BLOCKS}ipv{}/block/{}", family(cidr), cidr_segment(cidr))
-}
-
-/// The name of `node`'s affinity to `cidr` on this backend.
-pub fn affinity_name(node: &str, cidr: &IpNet) -> String {
     format!(
-        "host/{node}/ipv{}/block/{}",
-        family(cidr),
-        cidr_segment(cidr)
+        "{BLOCKS}ipv{}/block/{}",
+        ip_family(cidr),
+        cidr_key_segment(cidr)
     )
 }
 
@@ -179,7 +167,10 @@ pub fn encode(kind: &Kind, object: &Value) -> Result<(String, Vec<u8>), Datastor
                 "state": spec.get("state").cloned().unwrap_or(json!("")),
                 "deleted": is_true(spec.get("deleted")),
             });
-            (format!("{IPAM_ROOT}{}", affinity_name(node, &cidr)), value)
+            (
+                format!("{IPAM_ROOT}{}", etcd_affinity_name(node, &cidr)),
+                value,
+            )
         }
         EtcdLayout::IpamHandle => {
             spec.remove("handleID");
@@ -396,7 +387,7 @@ mod tests {
         let cidr: IpNet = "10.0.0.0/26".parse().unwrap();
         let object = json!({
             "kind": "BlockAffinity", "apiVersion": "projectcalico.org/v3",
-            "metadata": {"name": affinity_name("node-a", &cidr)},
+            "metadata": {"name": etcd_affinity_name("node-a", &cidr)},
             "spec": {"state": "pending", "node": "node-a", "type": "host",
                      "cidr": "10.0.0.0/26", "deleted": "false"}
         });
@@ -416,7 +407,12 @@ mod tests {
             crate::datastore::ipam_model::hostname_hash("node-a")
         );
         assert_eq!(
-            key_of(BlockAffinity::KIND, "", &affinity_name("node-a", &cidr)).unwrap(),
+            key_of(
+                BlockAffinity::KIND,
+                "",
+                &etcd_affinity_name("node-a", &cidr)
+            )
+            .unwrap(),
             key
         );
         // Old data: an empty value is a confirmed affinity.

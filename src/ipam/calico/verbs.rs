@@ -287,7 +287,7 @@ fn check_identifiers(req: &Request, host: &str) -> Result<()> {
     };
     ids.name()
         .map(|_| ())
-        .map_err(|e| Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}")))
+        .map_err(|e| Error::invalid_config_caused("error constructing WorkloadEndpoint name", e))
 }
 
 struct Labels<'a> {
@@ -876,8 +876,8 @@ pub async fn status(call: &Call, req: &Request) -> Result<()> {
     let work = async {
         let all = allocator.pools().await?;
         if !all.iter().any(|p| !p.spec.disabled) {
-            return Ok(Err(Error::NotAvailable(
-                "calico-ipam cannot allocate: no enabled IP pool is configured".into(),
+            return Ok(Err(Error::not_available(
+                "calico-ipam cannot allocate: no enabled IP pool is configured",
             )));
         }
         let config = allocator.config().await?;
@@ -912,7 +912,7 @@ pub async fn status(call: &Call, req: &Request) -> Result<()> {
                 .await?
             {
                 let names: Vec<&str> = pools.iter().map(|p| p.spec.cidr.as_str()).collect();
-                return Ok(Err(Error::NotAvailable(format!(
+                return Ok(Err(Error::not_available(format!(
                     "calico-ipam cannot allocate an IPv{} address on node {}: the pools it may use ({}) have no free address and no room for a new block",
                     if v6 { 6 } else { 4 },
                     call.host,

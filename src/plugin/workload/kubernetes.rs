@@ -66,9 +66,9 @@ async fn read_namespace(ctx: &Context, name: &str) -> Result<Option<Namespace>> 
 fn bare_endpoint(ctx: &Context, endpoint: &str) -> Result<WorkloadEndpoint> {
     let mut ids = ctx.ids.clone();
     ids.endpoint = endpoint.to_string();
-    let name = ids.name().map_err(|e| {
-        Error::InvalidConfig(format!("error constructing WorkloadEndpoint name: {e}"))
-    })?;
+    let name = ids
+        .name()
+        .map_err(|e| Error::invalid_config_caused("error constructing WorkloadEndpoint name", e))?;
     let mut wep = WorkloadEndpoint::new(&ctx.namespace, &name);
     wep.spec.orchestrator = "k8s".into();
     wep.spec.node = ctx.node.clone();

@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use serde_json::Value;
 
 use super::{AddPlan, Addresses, Plan, Workload};
-use crate::cni::error::Kind;
+use crate::cni::error::{Kind, Unsupported};
 use crate::cni::{CniResult, Error, Result};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::datastore::names::sanitize_mesos_label;
@@ -21,9 +21,9 @@ impl Workload for PlainContainer {
     async fn plan_add(&self, ctx: &Context, mtu: u32) -> Result<AddPlan> {
         let req = &ctx.req;
         if req.conf.feature_control.ip_addrs_no_ipam {
-            return Err(Error::UnsupportedField(
-                "requested feature is not supported for this runtime: ip_addrs_no_ipam".into(),
-            ));
+            return Err(Error::unsupported(Unsupported::FeatureForRuntime(
+                "ip_addrs_no_ipam",
+            )));
         }
         // Is there an endpoint for this workload already? Read while the
         // datastore's readiness is (nothing is written before it is known

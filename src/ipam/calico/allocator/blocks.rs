@@ -1,0 +1,129 @@
+//! The blocks as the allocator reads and writes them: through the copies
+//! kept beside the host lock ([`super::super::block_cache`]), soft-deleted
+//! objects' deletes finished, a block's freed addresses collected.
+
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use ipnet::IpNet;
+
+use super::super::IpamError;
+use super::super::block;
+use super::super::block_cache::BlockCache;
+use super::{Allocator, ds};
+use crate::datastore::ipam_model::{IpamBlock, cidr_name};
+use crate::datastore::{DatastoreError, Precondition, Resource};
+
+impl<'a> Allocator<'a> {
+    /// Starts allocations and releases from the blocks' copies kept under
+    /// the host lock ([`BlockCache`]; `None`: the lock is not held, or
+    /// the store keeps no copies), and keeps what this call writes there.
+    pub fn use_block_cache(&self, cache: Option<BlockCache>) {
+        if let Some(cache) = cache {
+            let _ = self.blocks.set(cache);
+        }
+    }
+
+    /// The kept copy of the block of `cidr`, its cooled addresses freed;
+    /// `None` without one (or one soft-deleted).
+    pub(super) async fn cached_block(&self, cidr: &IpNet) -> Option<IpamBlock> {
+        let copy = self.blocks.get()?.get(&cidr_name(cidr)).await?;
+        if copy.spec.deleted {
+            return None;
+        }
+        self.collected(copy).await.ok()
+    }
+
+    /// The block a write starts from: the copy kept under the lock where
+    /// `copy` allows it (a write's first attempt), `true` with it; else
+    /// the block read now.
+    pub(super) async fn block_to_write(
+        &self,
+        cidr: &IpNet,
+        copy: bool,
+    ) -> Result<(Option<IpamBlock>, bool), IpamError> {
+        if copy && let Some(copy) = self.cached_block(cidr).await {
+            return Ok((Some(copy), true));
+        }
+        Ok((self.get_block(cidr).await?, false))
+    }
+
+    /// Keeps the block as the datastore answered its write, or forgets the
+    /// copy (`None`: the write failed, or the block is gone).
+    pub(super) async fn keep_block(&self, name: &str, stored: Option<&IpamBlock>) {
+        if let Some(cache) = self.blocks.get() {
+            match stored {
+                Some(b) => cache.put(b).await,
+                None => cache.forget(name).await,
+            }
+        }
+    }
+
+    /// A block as read, its cooled addresses freed (saved with the next
+    /// write of the block, as in Calico).
+    pub(super) async fn collected(&self, mut block: IpamBlock) -> Result<IpamBlock, IpamError> {
+        if block
+            .spec
+            .attributes
+            .iter()
+            .any(|a| a.released_at.is_some())
+        {
+            let cooldown = self.config().await?.ip_cooldown();
+            block::collect_cooled(&mut block.spec, cooldown, SystemTime::now());
+        }
+        Ok(block)
+    }
+
+    /// The block of `cidr`, unless absent or soft-deleted.
+    pub(super) async fn get_block(&self, cidr: &IpNet) -> Result<Option<IpamBlock>, IpamError> {
+        let name = cidr_name(cidr);
+        let block = self
+            .store
+            .get::<IpamBlock>("", &name)
+            .await
+            .map_err(ds(format!("error getting IPAMBlock({name})")))?;
+        match block {
+            Some(b) if b.spec.deleted => {
+                self.finish_delete(&b).await;
+                Ok(None)
+            }
+            Some(b) => Ok(Some(self.collected(b).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Finishes a soft delete that stopped half way (its writer was killed
+    /// or ran out of time between the mark and the delete): the delete on
+    /// the revision read. A writer that revived the object since changed
+    /// that revision, so a live object is never deleted; failing is fine
+    /// (the next reader tries again).
+    pub(super) async fn finish_delete<R: Resource>(&self, resource: &R) {
+        let meta = resource.metadata();
+        let name = &meta.name;
+        match self
+            .store
+            .delete::<R>("", name, &Precondition::exactly(meta))
+            .await
+        {
+            Ok(()) => {
+                self.finished.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(%name, "finished an interrupted delete");
+            }
+            Err(DatastoreError::NotFound(_) | DatastoreError::Conflict(_)) => {}
+            Err(e) => tracing::debug!(%name, "finishing an interrupted delete: {e}"),
+        }
+    }
+
+    /// Writes a block back on the revision it was read at, bumping its
+    /// sequence number.
+    pub(super) async fn put_block(
+        &self,
+        block: &mut IpamBlock,
+    ) -> Result<IpamBlock, DatastoreError> {
+        block.spec.sequence_number += 1;
+        let written = self.store.update(block).await;
+        self.keep_block(&block.metadata.name, written.as_ref().ok())
+            .await;
+        written
+    }
+}
