@@ -72,7 +72,14 @@ fn install_help_prints_the_usage_and_installs_nothing() {
     for args in [
         vec!["install", "--help"],
         vec!["install", "-h"],
-        vec!["install", "--host-root", root, "--binaries", "none", "--help"],
+        vec![
+            "install",
+            "--host-root",
+            root,
+            "--binaries",
+            "none",
+            "--help",
+        ],
     ] {
         let (code, stdout, stderr) = calico(&args, &[("SLEEP", "false")]);
         assert_eq!(code, 0, "calico {args:?}: {stdout}{stderr}");
@@ -327,7 +334,10 @@ fn release_from_a_report_on_the_locked_embedded_store() {
         return;
     }
     let Some(sqlite3) = which("sqlite3") else {
-        cannot_run(test, "sqlite3 is not installed (scripts/test.sh installs it)");
+        cannot_run(
+            test,
+            "sqlite3 is not installed (scripts/test.sh installs it)",
+        );
         return;
     };
     let Some(w) = World::new(test, Backend::Embedded) else {
@@ -374,10 +384,9 @@ fn release_from_a_report_on_etcd_locked_by_calicoctl() {
 /// `cni-release-queue` beside `local_datastore_path`), made by a real DEL
 /// while the embedded store could not be written (another writer held it
 /// past the DEL's deadline): `calico ipam queue list` (with `--config`,
-/// and through `CNI_CONF_DIR`) shows it, as a table and as JSON, not due
-/// yet; `calico ipam queue replay` runs it once the store answers, due or
-/// not; the entry is gone, its address and handle released, its endpoint
-/// deleted.
+/// and through `CNI_CONF_DIR`) shows it, as a table and as JSON;
+/// `calico ipam queue replay` runs it once the store answers; the entry is
+/// gone, its address and handle released, its endpoint deleted.
 #[test]
 fn queue_list_and_replay_the_live_entries_of_the_configs_queue() {
     let test = "queue_list_and_replay_the_live_entries_of_the_configs_queue";
@@ -452,7 +461,7 @@ fn queue_list_and_replay_the_live_entries_of_the_configs_queue() {
     let row: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(row[..3], ["net1", cid.as_str(), "eth0"], "{listed}");
     assert_eq!(row[4], "0", "attempts: {listed}");
-    assert_eq!(row[5], "in", "not due yet: {listed}");
+    assert_eq!(row[5], "due", "a new entry is due at once: {listed}");
 
     // list -o json, the config found through CNI_CONF_DIR.
     let (code, json_listed, err) = calico(
@@ -477,7 +486,7 @@ fn queue_list_and_replay_the_live_entries_of_the_configs_queue() {
     assert_eq!(code, 0);
     assert!(dead.starts_with("no dead letters in "), "{dead}");
 
-    // replay: the store answers; the entry is replayed although not due.
+    // replay: the store answers.
     let (code, replayed, err) = ipam_cli(&conf_path, &["queue", "replay"]);
     assert_eq!(code, 0, "{replayed}{err}");
     assert_eq!(replayed, format!("net1 {cid} eth0: released\n"), "{err}");
@@ -500,12 +509,7 @@ fn queue_list_and_replay_the_live_entries_of_the_configs_queue() {
 
 /// `calico -t` with `stdin`.
 fn test_connection(stdin: &Value) -> Outcome {
-    common::exec_args(
-        CALICO,
-        &["-t"],
-        &env_of(&[]),
-        &stdin.to_string(),
-    )
+    common::exec_args(CALICO, &["-t"], &env_of(&[]), &stdin.to_string())
 }
 
 /// `calico -t` reads a whole conflist (the repository's
