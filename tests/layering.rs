@@ -937,7 +937,6 @@ fn the_layout_section_is_read_by_its_bullets() {
     let layout = "# Layout\n\n- `elsewhere.rs`: no\n\n## Files of src/\n\nOne line per file.\n\n### cni\n\n- `cni/error.rs`: errors, `not/this.rs`\n- `lib.rs`: the modules\n\n## Beside src/\n\n- `tests/x.rs`: no\n";
     assert_eq!(files_in_layout(layout), vec!["cni/error.rs", "lib.rs"]);
 }
- }
 
 /// The code (not the comments) of each file of src/ outside `except`
 /// that contains `needle`.

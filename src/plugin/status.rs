@@ -36,7 +36,7 @@ async fn token_lasts(ctx: &Context) -> Result<()> {
     let conf = &ctx.req.conf;
     let uses_kubernetes =
         crate::datastore::open::presents_kubernetes_token(conf, &ctx.req.env.vars)
-            .map_err(|e| Error::NotAvailable(e.to_string()))?;
+            .map_err(|e| Error::not_available_caused("", e))?;
     if !uses_kubernetes {
         return Ok(());
     }
