@@ -536,7 +536,7 @@ fn show_and_check_say_how_far_they_are_on_stderr() {
         (&["show", "-o", "json"], &summed),
         (&["show", "--ip", "10.20.0.1"], &[]),
         (&["check", "--show-all-ips"], &checked),
-        (&["check", "-o", "-"], &checked),
+        (&["check", "-o", "json"], &checked),
     ];
     for (args, phases) in cases {
         let what = format!("calico ipam {}", args[0]);

@@ -141,18 +141,6 @@ fn install_help_prints_the_usage_and_installs_nothing() {
 // The locked repair: lock, check, release --from-report without --force,
 // unlock.
 
-/// How `calico ipam check` is told to write its report to FILE: `-o FILE`
-/// today, `--report FILE` where `-o` has become the output format; the
-/// usage says which.
-fn report_flag() -> &'static str {
-    let (_, stdout, stderr) = calico(&["ipam", "--help"], &[]);
-    if format!("{stdout}{stderr}").contains("--report FILE") {
-        "--report"
-    } else {
-        "-o"
-    }
-}
-
 /// `calico ipam check --show-problem-ips` with the report written to
 /// `report`: the text printed, and the report.
 fn check(conf: &Path, report: &Path) -> (String, Value) {
@@ -161,7 +149,7 @@ fn check(conf: &Path, report: &Path) -> (String, Value) {
         &[
             "check",
             "--show-problem-ips",
-            report_flag(),
+            "--report",
             report.to_str().unwrap(),
         ],
     );
