@@ -938,8 +938,8 @@ fn the_layout_section_is_read_by_its_bullets() {
     assert_eq!(files_in_layout(layout), vec!["cni/error.rs", "lib.rs"]);
 }
 
-/// The code (not the comments) of each file of src/ outside `except`
-/// that contains `needle`.
+/// Each file of src/ outside `except` whose code (comments and strings
+/// blanked by [`code_only`]) contains `needle`.
 fn files_naming(needle: &str, except: &str) -> Vec<String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
@@ -947,12 +947,7 @@ fn files_naming(needle: &str, except: &str) -> Vec<String> {
     files
         .iter()
         .filter(|f| !f.starts_with(src.join(except)))
-        .filter(|f| {
-            std::fs::read_to_string(f)
-                .unwrap()
-                .lines()
-                .any(|l| l.split("//").next().unwrap_or("").contains(needle))
-        })
+        .filter(|f| code_only(&std::fs::read_to_string(f).unwrap()).contains(needle))
         .map(|f| f.display().to_string())
         .collect()
 }
