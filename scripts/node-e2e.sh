@@ -43,7 +43,7 @@ if [ -z "${TESTBED_NODE:-}" ]; then
   bash scripts/testbed.sh up --node
   eval "$(bash scripts/testbed.sh env)"
 fi
-bash scripts/testbed.sh node-import-agnhost
+bash scripts/testbed.sh node-import-e2e-images
 
 # The test bed's other Nodes (objects the datastore tests make, with no
 # kubelet) are never Ready: the suite is told how many to expect, and runs

@@ -4,7 +4,7 @@
 # cache that later runs reuse:
 #
 #   kube-apiserver, kube-controller-manager,  k8s.io/kubernetes  (peers/kubernetes)
-#   kube-scheduler, kubelet
+#   kube-scheduler, kubelet, kube-proxy
 #   etcd, etcdctl                             go.etcd.io/etcd    (peers/etcd)
 #   crictl                                    sigs.k8s.io/cri-tools (peers/cri-tools)
 #   cnitool, host-local, ptp, portmap,        containernetworking/cni and
@@ -13,10 +13,13 @@
 #   pause                                     peers/pause/pause.c (static, for the sandbox image)
 #   echo                                      peers/echo/echo.c (static, the node tests' workload image)
 #   with --e2e (scripts/node-e2e.sh), also:
-#   e2e.test, agnhost                         k8s.io/kubernetes/test/e2e and
-#                                             test/images/agnhost (peers/kubernetes-e2e)
-#   calico, calico-ipam, calicoctl            Calico v3.32.1, prebuilt (not buildable from the
-#                                             module proxy): unpacked into $PEERS_CACHE/bin/calico-v3.32.1
+#   e2e.test, agnhost, kubectl, ginkgo        k8s.io/kubernetes/test/e2e,
+#                                             test/images/agnhost, cmd/kubectl and the
+#                                             suite's ginkgo CLI (peers/kubernetes-e2e)
+#   coredns                                   github.com/coredns/coredns (peers/coredns),
+#                                             the node's cluster DNS
+#   calico, calico-ipam, calicoctl,           Calico v3.32.1, prebuilt (not buildable from the
+#   calico-felix                              module proxy): unpacked into $PEERS_CACHE/bin/calico-v3.32.1
 #
 # Every Go peer is stamped with its module's real version (and release date)
 # through the ldflags its own project's release build sets, so `/version`,
@@ -26,8 +29,9 @@
 # Usage: scripts/peers.sh [--print-bin | --e2e]
 #   PEERS_CACHE (default /var/cache/calico-cni-peers): binaries in $PEERS_CACHE/bin.
 #   CALICO_RELEASE_DIR (default ../shared/calico/v3.32.1 beside the checkout):
-#     a directory holding Calico v3.32.1's `calico` and `calicoctl`, plain or
-#     xz-compressed (calico.xz, calicoctl.xz); when it holds SHA256SUMS the
+#     a directory holding Calico v3.32.1's `calico`, `calicoctl` and
+#     `calico-felix`, plain or xz-compressed (calico.xz, calicoctl.xz,
+#     calico-felix.xz); when it holds SHA256SUMS the
 #     unpacked files must match it. Outside this workplace, build them from
 #     Calico's tag (see that directory's README) and point this at them.
 #     Missing: the tests that need Calico's binaries skip, or fail under CI=true.
@@ -117,13 +121,24 @@ build kubernetes 0 "" "$kube_ldflags" \
   kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
   kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
   kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
-  kubelet=k8s.io/kubernetes/cmd/kubelet
+  kubelet=k8s.io/kubernetes/cmd/kubelet \
+  kube-proxy=k8s.io/kubernetes/cmd/kube-proxy
 # Kubernetes' e2e suite and its agnhost test image's program, same release
 # and stamps (their own wrapper module: the suite's dependencies stay out of
 # the control plane's).
-[ $e2e = 1 ] && build kubernetes-e2e 0 "" "$kube_ldflags" \
-  agnhost=k8s.io/kubernetes/test/images/agnhost \
-  e2e.test=test:k8s.io/kubernetes/test/e2e
+# kubectl (the e2e tests exec it) and ginkgo (the suite's CLI, for parallel
+# runs) from the same module.
+if [ $e2e = 1 ]; then
+  build kubernetes-e2e 0 "" "$kube_ldflags" \
+    agnhost=k8s.io/kubernetes/test/images/agnhost \
+    e2e.test=test:k8s.io/kubernetes/test/e2e \
+    kubectl=k8s.io/kubernetes/cmd/kubectl \
+    ginkgo=github.com/onsi/ginkgo/v2/ginkgo
+fi
+# The node's cluster DNS; its Makefile stamps the commit (the version is a
+# constant of coremain): the module proxy has none, so the version's tag.
+build coredns 0 "" "-X github.com/coredns/coredns/coremain.GitCommit=$(modver coredns github.com/coredns/coredns)" \
+  coredns=github.com/coredns/coredns
 
 # The sandbox image's process: sleeps until a signal, reaps children.
 pause_stamp=$(sha256sum peers/pause/pause.c | cut -c1-16)
@@ -152,7 +167,7 @@ calico_missing() {
 if [ -d "$calico_src" ]; then
   mkdir -p "$calico_dir"
   ok=1
-  for name in calico calicoctl; do
+  for name in calico calicoctl calico-felix; do
     if [ -f "$calico_src/$name.xz" ]; then
       xz -dc "$calico_src/$name.xz" >"$calico_dir/$name.new"
     elif [ -f "$calico_src/$name" ]; then

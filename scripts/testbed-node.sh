@@ -44,6 +44,23 @@ cni_image=calico-cni.test/cni:1
 # The name and tag the e2e suite of the node's Kubernetes release asks for
 # (test/utils/image/manifest.go); imported, never pulled.
 agnhost_image=registry.k8s.io/e2e-test-images/agnhost:2.63.0
+# The rest of the images the e2e suite's network tests run, built here from
+# this machine's tools (tagged as the suite asks for them): the DNS tests'
+# glibc image (dig, nslookup, getent), a stand-in for its nginx (agnhost's
+# HTTP server on port 80: the tests that use it only need the pods to run
+# and serve) and the pause image under the name the latency test asks for.
+glibc_dns_image=registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0
+nginx_image=registry.k8s.io/e2e-test-images/nginx:1.15-4
+e2e_pause_image=registry.k8s.io/pause:3.10.2
+# calico-node's image: Calico v3.32.1's Felix with the tools it execs
+# (iptables-nft, ipset, conntrack, nft) from this machine; CoreDNS's.
+node_image=calico-cni.test/node:1
+coredns_image=calico-cni.test/coredns:1
+# kubelet's clusterDNS: the kube-dns Service's address in the service range.
+dns_ip=10.251.0.10
+cluster_domain=cluster.local
+proxy_healthz_port=${TESTBED_PROXY_HEALTHZ_PORT:-26456}
+proxy_metrics_port=${TESTBED_PROXY_METRICS_PORT:-26457}
 kubelet_port=${TESTBED_KUBELET_PORT:-26450}
 kubelet_healthz_port=${TESTBED_KUBELET_HEALTHZ_PORT:-26448}
 scheduler_port=${TESTBED_SCHEDULER_PORT:-26459}
@@ -61,7 +78,10 @@ fill() {
     -e "s#@KUBELET_PORT@#$kubelet_port#g" -e "s#@HEALTHZ_PORT@#$kubelet_healthz_port#g" \
     -e "s#@CNI_BIN@#$node_dir/host/opt/cni/bin#g" -e "s#@CNI_CONF@#$node_dir/host/etc/cni/net.d#g" \
     -e "s#@NODE_IP@#$node_ip#g" -e "s#@PKI@#$dir/pki#g" \
-    -e "s#@PAUSE@#$pause_image#g" "$1" >"$2"
+    -e "s#@PAUSE@#$pause_image#g" -e "s#@NODE_NAME@#$node_name#g" -e "s#@POOL_CIDR@#$node_pool_cidr#g" \
+    -e "s#@PROXY_HEALTHZ_PORT@#$proxy_healthz_port#g" -e "s#@PROXY_METRICS_PORT@#$proxy_metrics_port#g" \
+    -e "s#@DNS_IP@#$dns_ip#g" -e "s#@CLUSTER_DOMAIN@#$cluster_domain#g" \
+    -e "s#@NODE_IMAGE@#$node_image#g" -e "s#@COREDNS_IMAGE@#$coredns_image#g" "$1" >"$2"
 }
 
 node_crictl() {
@@ -124,9 +144,26 @@ node_install() {
   create /api/v1/namespaces/kube-system/configmaps "$(jq -n --arg p "$api_port" '{
     apiVersion: "v1", kind: "ConfigMap", metadata: {name: "kubernetes-services-endpoint", namespace: "kube-system"},
     data: {KUBERNETES_SERVICE_HOST: "127.0.0.1", KUBERNETES_SERVICE_PORT: $p}}')"
+  # Felix's permissions (testbed/node/calico-node-rbac.json: what it reads
+  # of Kubernetes and of Calico's resources) and the Tiers calico-node's
+  # start-up makes (Felix's policy has them as its frame).
+  local obj
+  while read -r obj; do
+    case $(jq -r .kind <<<"$obj") in
+      ClusterRole) create /apis/rbac.authorization.k8s.io/v1/clusterroles "$obj" ;;
+      ClusterRoleBinding) create /apis/rbac.authorization.k8s.io/v1/clusterrolebindings "$obj" ;;
+    esac
+  done < <(jq -c '.[]' testbed/node/calico-node-rbac.json)
+  local tier
+  for tier in "default 1000000 Deny" "kube-admin 1000 Pass" "kube-baseline 10000000 Pass"; do
+    set -- $tier
+    create /apis/crd.projectcalico.org/v1/tiers "$(jq -n --arg n "$1" --argjson o "$2" --arg a "$3" '{
+      apiVersion: "crd.projectcalico.org/v1", kind: "Tier", metadata: {name: $n},
+      spec: {order: $o, defaultAction: $a}}')"
+  done
   local manifest
   manifest=$(sed -e "s#@CNI_IMAGE@#$cni_image#g" -e "s#@CNI_BIN@#$node_dir/host/opt/cni/bin#g" \
-    -e "s#@CNI_CONF@#$node_dir/host/etc/cni/net.d#g" testbed/node/calico-node.json)
+    -e "s#@CNI_CONF@#$node_dir/host/etc/cni/net.d#g" -e "s#@NODE_IMAGE@#$node_image#g" testbed/node/calico-node.json)
   create /apis/apps/v1/namespaces/kube-system/daemonsets "$manifest"
 }
 
@@ -163,6 +200,7 @@ node_up() {
   [ -d /var/log/containers ] || touch "$node_dir/made-var-log-containers"
   [ -f "$node_dir/sysctl.orig" ] ||
     sysctl -n vm.overcommit_memory kernel.panic kernel.panic_on_oops >"$node_dir/sysctl.orig"
+  node_host_net_save
 
   # Identities: the kubelet as system:node:<name> (the test bed has no Node
   # authorizer: RBAC binds it), the scheduler as system:kube-scheduler.
@@ -195,10 +233,10 @@ node_up() {
   # (peers/echo/echo.c), imported: no registry here.
   oci_image "$node_dir/echo-image.tar" "$echo_image" "$bin/echo" '["/echo","serve"]'
   node_cni_image
+  node_felix_image
   local tar
-  for tar in "$dir/pause-image.tar" "$node_dir/cni-image.tar" "$node_dir/echo-image.tar"; do
-    "$bin/ctr" -a "$node_dir/containerd/containerd.sock" -n k8s.io images import "$tar" \
-      >>"$dir/logs/node-images.log" 2>&1 || die "importing $tar: $(tail -n 3 "$dir/logs/node-images.log")"
+  for tar in "$dir/pause-image.tar" "$node_dir/cni-image.tar" "$node_dir/echo-image.tar" "$node_dir/node-image.tar"; do
+    node_image_import "$tar"
   done
 
   local kc=$node_dir/scheduler.kubeconfig
@@ -207,6 +245,7 @@ node_up() {
     --leader-elect=false --v=1
   node_start_kubelet
   wait_for "Node $node_name" 60 admin GET "/api/v1/nodes/$node_name"
+  node_start_proxy
   node_install
   wait_for "the CNI install by the calico-node DaemonSet" 90 node_installed
   # No pool for it yet: our STATUS answers 50 and the node stays NotReady
@@ -224,44 +263,183 @@ node_up() {
     --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" -X PATCH \
     -H 'Content-Type: application/merge-patch+json' --data-binary '{"spec":{"taints":null}}' \
     "$api/api/v1/nodes/$node_name" >/dev/null
-  log "node $node_name Ready in $((SECONDS - t0)) s"
+  wait_for "Felix ready (the calico-node pod)" 120 node_felix_ready
+  node_dns
+  log "node $node_name Ready in $((SECONDS - t0)) s (Felix, kube-proxy and CoreDNS running)"
 }
 
-# Kubernetes' agnhost test image, as its Dockerfile lays it out (/agnhost,
-# entrypoint /agnhost, command pause, run as root) on a root of this
-# machine's own tools instead of Alpine's: what the e2e network tests exec in
-# it (sh, curl, nc, grep) with their shared libraries. Needs agnhost built
-# (scripts/peers.sh --e2e) and nc (Debian's netcat-openbsd).
-node_import_agnhost() {
+# rootfs_tools ROOT TOOL...: a root filesystem of this machine's TOOLs
+# (names on PATH, or paths) in /usr/bin, with the shared libraries they load
+# (and EXTRA_LIBS, more to copy with theirs), /bin, /sbin and /lib as links
+# into /usr, and /tmp.
+rootfs_tools() {
+  local r=$1 tool path lib
+  shift
+  mkdir -p "$r/usr/bin" "$r/usr/lib/x86_64-linux-gnu" "$r/usr/lib64" "$r/etc" "$r/tmp"
+  chmod 1777 "$r/tmp"
+  ln -sfn usr/bin "$r/bin"
+  ln -sfn usr/bin "$r/sbin"
+  ln -sfn usr/lib "$r/lib"
+  ln -sfn usr/lib64 "$r/lib64"
+  for tool in "$@" ${EXTRA_LIBS:-}; do
+    if [ -f "$tool" ]; then path=$tool; else
+      path=$(command -v "$tool") || die "$tool is not installed (an image of the node needs it)"
+    fi
+    case $path in
+      *.so*) cp -L "$path" "$r/usr/lib/x86_64-linux-gnu/" ;;
+      *) cp -L "$path" "$r/usr/bin/$(basename "$tool")" ;;
+    esac
+    for lib in $(ldd "$path" 2>/dev/null | grep -o '/[^ ]*'); do
+      case $lib in
+        */ld-linux*) cp -L "$lib" "$r/usr/lib64/$(basename "$lib")" ;;
+        *) cp -L "$lib" "$r/usr/lib/x86_64-linux-gnu/$(basename "$lib")" ;;
+      esac
+    done
+  done
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$r/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+}
+
+# node_image_import TAR: into the node's containerd.
+node_image_import() {
+  "$bin/ctr" -a "$node_dir/containerd/containerd.sock" -n k8s.io images import "$1" \
+    >>"$dir/logs/node-images.log" 2>&1 || die "importing $1: $(tail -n 3 "$dir/logs/node-images.log")"
+}
+
+# calico-node's image: Calico's Felix (scripts/peers.sh unpacks it from
+# CALICO_RELEASE_DIR) and what it execs in iptables mode: the nft flavour of
+# iptables (xtables-nft-multi under each name Felix and kube-proxy call, with
+# its extensions), ipset, conntrack and nft (Debian's packages).
+node_felix_image() {
+  local felix=$bin/calico-v3.32.1/calico-felix tar=$node_dir/node-image.tar
+  [ -x "$felix" ] || die "no Calico Felix at $felix (scripts/peers.sh unpacks it from CALICO_RELEASE_DIR's calico-felix.xz)"
+  [ -f "$tar" ] && return 0
+  local r name ext
+  r=$(mktemp -d)
+  EXTRA_LIBS="$(ls /usr/lib/x86_64-linux-gnu/xtables/*.so)" rootfs_tools "$r" xtables-nft-multi ipset conntrack nft sh
+  mkdir -p "$r/usr/lib/x86_64-linux-gnu/xtables"
+  for ext in /usr/lib/x86_64-linux-gnu/xtables/*.so; do
+    mv "$r/usr/lib/x86_64-linux-gnu/$(basename "$ext")" "$r/usr/lib/x86_64-linux-gnu/xtables/"
+  done
+  for name in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore \
+    iptables-nft iptables-nft-save iptables-nft-restore ip6tables-nft ip6tables-nft-save ip6tables-nft-restore; do
+    ln -s xtables-nft-multi "$r/usr/bin/$name"
+  done
+  install -m 0755 "$felix" "$r/usr/bin/calico-felix"
+  mkdir -p "$r/var/run/calico" "$r/var/lib/calico"
+  oci_layout "$tar" "$node_image" "$r" '["/usr/bin/calico-felix"]' null 0:0
+  rm -rf "$r"
+}
+
+# The e2e suite's images (agnhost as its Dockerfile lays it out: /agnhost,
+# entrypoint /agnhost, command pause, run as root; the glibc DNS image; the
+# nginx stand-in) on one root of this machine's tools instead of Alpine's
+# and Debian's: what the network tests exec in them, with their shared
+# libraries. Needs agnhost built (scripts/peers.sh --e2e), nc
+# (netcat-openbsd) and dig/nslookup (bind9-dnsutils).
+node_import_e2e_images() {
   local tar=$node_dir/agnhost-image.tar
   if [ ! -f "$tar" ]; then
-    local r tool lib
+    local r
     r=$(mktemp -d)
-    mkdir -p "$r/usr/bin" "$r/usr/lib/x86_64-linux-gnu" "$r/usr/lib64" "$r/etc" "$r/tmp" "$r/uploads"
-    chmod 1777 "$r/tmp"
-    ln -s usr/bin "$r/bin"
-    ln -s usr/lib "$r/lib"
-    ln -s usr/lib64 "$r/lib64"
+    rootfs_tools "$r" sh bash curl nc grep cat seq dig nslookup getent hostname timeout sed awk tr cut \
+      head tail sort uniq wc sleep date ls mkdir rm touch env ip ping wget printf echo true false id uname ps
     install -m 0755 "$bin/agnhost" "$r/agnhost"
     ln -s agnhost "$r/agnhost-2"
-    for tool in sh curl nc grep cat; do
-      local path
-      path=$(command -v "$tool") || die "$tool is not installed (the agnhost image needs it)"
-      cp -L "$path" "$r/usr/bin/$tool"
-      for lib in $(ldd "$path" | grep -o '/[^ ]*'); do
-        case $lib in
-          */ld-linux*) cp -L "$lib" "$r/usr/lib64/$(basename "$lib")" ;;
-          *) cp -L "$lib" "$r/usr/lib/x86_64-linux-gnu/$(basename "$lib")" ;;
-        esac
-      done
-    done
-    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$r/etc/passwd"
-    printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+    mkdir -p "$r/uploads" "$r/results"
     oci_layout "$tar" "$agnhost_image" "$r" '["/agnhost"]' '["pause"]' 0:0
+    oci_layout "$node_dir/glibc-dns-image.tar" "$glibc_dns_image" "$r" null '["sh"]' 0:0
+    oci_layout "$node_dir/nginx-image.tar" "$nginx_image" "$r" '["/agnhost", "netexec", "--http-port=80"]' null 0:0
     rm -rf "$r"
+    oci_image "$node_dir/e2e-pause-image.tar" "$e2e_pause_image" "$bin/pause" '["/pause"]'
   fi
-  "$bin/ctr" -a "$node_dir/containerd/containerd.sock" -n k8s.io images import "$tar" \
-    >>"$dir/logs/node-images.log" 2>&1 || die "importing $tar: $(tail -n 3 "$dir/logs/node-images.log")"
+  local t
+  for t in "$tar" "$node_dir/glibc-dns-image.tar" "$node_dir/nginx-image.tar" "$node_dir/e2e-pause-image.tar"; do
+    node_image_import "$t"
+  done
+}
+
+# What kube-proxy and Felix change on the host, saved before they start and
+# put back at `down`: the iptables (nft) rules of both families, the
+# sysctls they set. (Their ipsets and conntrack entries are removed.)
+node_host_net_save() {
+  [ -f "$node_dir/iptables.orig" ] && return 0
+  iptables-nft-save >"$node_dir/iptables.orig"
+  ip6tables-nft-save >"$node_dir/ip6tables.orig"
+  sysctl -n net.ipv4.ip_forward net.ipv4.conf.all.route_localnet net.ipv4.conf.all.rp_filter \
+    net.ipv4.conf.default.rp_filter net.ipv6.conf.all.forwarding >"$node_dir/net-sysctl.orig"
+}
+
+node_host_net_restore() {
+  [ -f "$node_dir/iptables.orig" ] || return 0
+  local t
+  for t in filter nat mangle raw security; do
+    iptables-nft -t "$t" -F 2>/dev/null || true
+    iptables-nft -t "$t" -X 2>/dev/null || true
+    ip6tables-nft -t "$t" -F 2>/dev/null || true
+    ip6tables-nft -t "$t" -X 2>/dev/null || true
+  done
+  iptables-nft-restore <"$node_dir/iptables.orig" || log "iptables: the saved rules did not restore"
+  ip6tables-nft-restore <"$node_dir/ip6tables.orig" || log "ip6tables: the saved rules did not restore"
+  # (kube-proxy's nftables table, when it made one to clean.)
+  nft delete table ip kube-proxy 2>/dev/null || true
+  nft delete table ip6 kube-proxy 2>/dev/null || true
+  local s
+  for s in $(ipset list -n 2>/dev/null | grep -E '^(cali|KUBE-)'); do ipset destroy "$s" 2>/dev/null || true; done
+  local v
+  mapfile -t v <"$node_dir/net-sysctl.orig"
+  sysctl -q -w net.ipv4.ip_forward="${v[0]}" net.ipv4.conf.all.route_localnet="${v[1]}" \
+    net.ipv4.conf.all.rp_filter="${v[2]}" net.ipv4.conf.default.rp_filter="${v[3]}" \
+    net.ipv6.conf.all.forwarding="${v[4]}" || true
+  rm -f "$node_dir/iptables.orig"
+}
+
+# kube-proxy on the host (a process, as kubeadm's DaemonSet would run it in
+# the host's network), as system:kube-proxy (bound to system:node-proxier by
+# the API server's default RBAC).
+node_start_proxy() {
+  [ -x "$bin/kube-proxy" ] || die "kube-proxy not built (scripts/peers.sh)"
+  cert node-proxy "/CN=system:kube-proxy"
+  kubeconfig "$node_dir/kube-proxy.kubeconfig" "$(jq -n --arg c "$dir/pki/node-proxy.crt" \
+    --arg k "$dir/pki/node-proxy.key" '{"client-certificate": $c, "client-key": $k}')"
+  fill testbed/node/kube-proxy.yaml "$node_dir/kube-proxy.yaml"
+  start kube-proxy "$bin/kube-proxy" --config="$node_dir/kube-proxy.yaml" --v=1
+  wait_for kube-proxy 60 curl -sf --max-time 2 "http://127.0.0.1:$proxy_healthz_port/healthz"
+}
+
+# The calico-node DaemonSet's pod Ready (Felix's /readiness on :9099).
+node_felix_ready() {
+  admin GET "/api/v1/namespaces/kube-system/pods?labelSelector=k8s-app%3Dcalico-node" |
+    jq -e --arg n "$node_name" '.items[] | select(.spec.nodeName == $n) |
+      .status.conditions[]? | select(.type == "Ready") | .status == "True"' >/dev/null
+}
+
+# The cluster DNS: CoreDNS (peers/coredns) as kubeadm deploys it, the
+# kube-dns Service at kubelet's clusterDNS address (testbed/node/coredns.json).
+node_dns() {
+  [ -x "$bin/coredns" ] || die "CoreDNS not built (scripts/peers.sh --e2e)"
+  oci_image "$node_dir/coredns-image.tar" "$coredns_image" "$bin/coredns" '["/coredns"]'
+  node_image_import "$node_dir/coredns-image.tar"
+  local obj kind path
+  fill testbed/node/coredns.json "$node_dir/coredns.json"
+  jq -c '.[]' "$node_dir/coredns.json" | while read -r obj; do
+    kind=$(jq -r .kind <<<"$obj")
+    case $kind in
+      ServiceAccount) path=/api/v1/namespaces/kube-system/serviceaccounts ;;
+      ConfigMap) path=/api/v1/namespaces/kube-system/configmaps ;;
+      Service) path=/api/v1/namespaces/kube-system/services ;;
+      Deployment) path=/apis/apps/v1/namespaces/kube-system/deployments ;;
+      ClusterRole) path=/apis/rbac.authorization.k8s.io/v1/clusterroles ;;
+      ClusterRoleBinding) path=/apis/rbac.authorization.k8s.io/v1/clusterrolebindings ;;
+      *) die "testbed/node/coredns.json: unexpected kind $kind" ;;
+    esac
+    create "$path" "$obj"
+  done
+  wait_for "CoreDNS ready" 120 node_dns_ready
+}
+
+node_dns_ready() {
+  admin GET /apis/apps/v1/namespaces/kube-system/deployments/coredns | jq -e '(.status.readyReplicas // 0) >= 1' >/dev/null
 }
 
 # IPAM objects of the node's pool (no calico-kube-controllers collects them).
@@ -280,6 +458,13 @@ node_down() {
   # The DaemonSet first (else it makes its pod again), then the pods,
   # through kubelet and the plugin (their CNI DELs).
   admin DELETE /apis/apps/v1/namespaces/kube-system/daemonsets/calico-node >/dev/null 2>&1 || true
+  local o
+  for o in deployments/coredns; do
+    admin DELETE "/apis/apps/v1/namespaces/kube-system/$o" >/dev/null 2>&1 || true
+  done
+  for o in services/kube-dns configmaps/coredns serviceaccounts/coredns; do
+    admin DELETE "/api/v1/namespaces/kube-system/$o" >/dev/null 2>&1 || true
+  done
   local cm
   for cm in calico-config kubernetes-services-endpoint; do
     admin DELETE "/api/v1/namespaces/kube-system/configmaps/$cm" >/dev/null 2>&1 || true
@@ -296,6 +481,7 @@ node_down() {
   done
   stop kubelet
   stop kube-scheduler
+  stop kube-proxy
   if alive node-containerd; then
     local id
     for id in $(node_crictl pods -q 2>/dev/null); do
@@ -317,8 +503,8 @@ node_down() {
   admin DELETE "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/$node_name" >/dev/null 2>&1 || true
   admin DELETE "/apis/crd.projectcalico.org/v1/ippools/$node_pool" >/dev/null 2>&1 || true
   node_ipam_cleanup
-  local o
-  for o in clusterrolebindings/testbed-node-kubelet clusterrolebindings/calico-node-cni-token clusterroles/calico-node-cni-token; do
+  for o in clusterrolebindings/testbed-node-kubelet clusterrolebindings/calico-node-cni-token clusterroles/calico-node-cni-token \
+    clusterrolebindings/calico-node clusterroles/calico-node clusterrolebindings/system:coredns clusterroles/system:coredns; do
     admin DELETE "/apis/rbac.authorization.k8s.io/v1/$o" >/dev/null 2>&1 || true
   done
   admin DELETE /api/v1/namespaces/kube-system/serviceaccounts/calico-node >/dev/null 2>&1 || true
@@ -327,6 +513,10 @@ node_down() {
     mapfile -t v <"$node_dir/sysctl.orig"
     sysctl -q -w vm.overcommit_memory="${v[0]}" kernel.panic="${v[1]}" kernel.panic_on_oops="${v[2]}" || true
   fi
+  for o in default kube-admin kube-baseline; do
+    admin DELETE "/apis/crd.projectcalico.org/v1/tiers/$o" >/dev/null 2>&1 || true
+  done
+  node_host_net_restore
   [ -f "$node_dir/made-var-lib-kubelet" ] && rm -rf /var/lib/kubelet
   [ -f "$node_dir/made-var-log-containers" ] && rm -rf /var/log/containers
   rm -rf "$node_dir"

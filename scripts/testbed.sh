@@ -7,9 +7,10 @@
 #                             (scripts/testbed-node.sh)
 #   scripts/testbed.sh restart-kubelet   the node's kubelet stopped and started again
 #   scripts/testbed.sh node-down   the node only
-#   scripts/testbed.sh node-import-agnhost   Kubernetes' agnhost test image into the
-#                             node's containerd (agnhost built by scripts/peers.sh
-#                             --e2e; scripts/node-e2e.sh does it)
+#   scripts/testbed.sh node-import-e2e-images   the e2e suite's images (agnhost, the
+#                             glibc DNS image, an nginx stand-in) into the node's
+#                             containerd (agnhost built by scripts/peers.sh --e2e;
+#                             scripts/node-e2e.sh does it)
 #   scripts/testbed.sh env    shell exports for the tests (eval "$(scripts/testbed.sh env)")
 #   scripts/testbed.sh down   stop everything and remove what `up` made
 #
@@ -185,7 +186,7 @@ pki() {
   local loop="IP:127.0.0.1,DNS:localhost"
   cert etcd "/CN=etcd" "$loop"
   cert etcd-client "/CN=etcd-client"
-  cert apiserver "/CN=kube-apiserver" "$loop,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.251.0.1"
+  cert apiserver "/CN=kube-apiserver" "$loop,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.251.0.1${node_ip:+,IP:$node_ip}"
   cert admin "/O=system:masters/CN=testbed-admin"
   cert kcm "/CN=system:kube-controller-manager"
   cert proxy "/CN=fault-proxy" "$loop"
@@ -265,10 +266,15 @@ start_calico_etcd() {
   done
 }
 
+# The API server advertises the node's address (the `kubernetes` Service's
+# endpoint, which pods reach through kube-proxy: loopback endpoint addresses
+# are refused), so it listens on every address; without a default route,
+# loopback only.
 start_apiserver() {
-  local p=$dir/pki
+  local p=$dir/pki api_bind=127.0.0.1 api_advertise=127.0.0.1
+  [ -n "$node_ip" ] && { api_bind=0.0.0.0; api_advertise=$node_ip; }
   start kube-apiserver "$bin/kube-apiserver" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --bind-address="$api_bind" --advertise-address="$api_advertise" --secure-port="$api_port" \
     --etcd-servers="https://127.0.0.1:$etcd_port" --etcd-cafile="$p/ca.crt" \
     --etcd-certfile="$p/etcd-client.crt" --etcd-keyfile="$p/etcd-client.key" \
     --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
@@ -499,6 +505,6 @@ case ${1:-} in
   down) down ;;
   restart-kubelet) node_restart_kubelet ;;
   node-down) node_down ;;
-  node-import-agnhost) node_import_agnhost ;;
-  *) echo "usage: $0 up [--node]|env|down|restart-kubelet|node-down|node-import-agnhost" >&2; exit 2 ;;
+  node-import-e2e-images) node_import_e2e_images ;;
+  *) echo "usage: $0 up [--node]|env|down|restart-kubelet|node-down|node-import-e2e-images" >&2; exit 2 ;;
 esac
