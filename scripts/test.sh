@@ -14,7 +14,8 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping containernetworking-plugins time sqlite3 \
-  openssl curl jq runc iptables strace netcat-openbsd musl-tools >/dev/null
+  openssl curl jq runc iptables strace netcat-openbsd musl-tools \
+  ipset conntrack nftables bind9-dnsutils >/dev/null
 # The toolchain and the musl target rust-toolchain.toml names (rustup would
 # fetch them at the first cargo call, unless RUSTUP_AUTO_INSTALL=0).
 rustup toolchain install

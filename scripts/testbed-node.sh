@@ -283,7 +283,7 @@ rootfs_tools() {
   ln -sfn usr/lib64 "$r/lib64"
   for tool in "$@" ${EXTRA_LIBS:-}; do
     if [ -f "$tool" ]; then path=$tool; else
-      path=$(command -v "$tool") || die "$tool is not installed (an image of the node needs it)"
+      path=$(type -P "$tool") || die "$tool is not installed (an image of the node needs it)"
     fi
     case $path in
       *.so*) cp -L "$path" "$r/usr/lib/x86_64-linux-gnu/" ;;
@@ -296,6 +296,8 @@ rootfs_tools() {
       esac
     done
   done
+  # (Protocol and service names: ipset and iptables parse "tcp:80" with them.)
+  cp /etc/protocols /etc/services "$r/etc/"
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$r/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
 }
@@ -347,6 +349,15 @@ node_import_e2e_images() {
     install -m 0755 "$bin/agnhost" "$r/agnhost"
     ln -s agnhost "$r/agnhost-2"
     mkdir -p "$r/uploads" "$r/results"
+    # What agnhost's Dockerfile adds besides: porter's TLS test certificate
+    # (from the pinned module's source), a CoreDNS at /coredns, the user and
+    # group the image defines.
+    local kdir
+    kdir=$(cd "$root/peers/kubernetes-e2e" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+    install -m 0644 "$kdir/test/images/agnhost/porter/localhost.crt" "$kdir/test/images/agnhost/porter/localhost.key" "$r/"
+    [ -x "$bin/coredns" ] && install -m 0755 "$bin/coredns" "$r/coredns"
+    echo 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh' >>"$r/etc/passwd"
+    printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$r/etc/group"
     oci_layout "$tar" "$agnhost_image" "$r" '["/agnhost"]' '["pause"]' 0:0
     oci_layout "$node_dir/glibc-dns-image.tar" "$glibc_dns_image" "$r" null '["sh"]' 0:0
     oci_layout "$node_dir/nginx-image.tar" "$nginx_image" "$r" '["/agnhost", "netexec", "--http-port=80"]' null 0:0

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# What the node's CNI plugin costs while kubelet and containerd drive it, on
+# the test bed's node (scripts/testbed.sh up --node):
+#
+#   scripts/node-cni-cost.sh idle [SECONDS]   an idle node (default 180 s): how
+#                 often the plugin is exec'd (STATUS, with cniVersion 1.1.0),
+#                 and per call and per minute: API requests, CPU ms, bytes
+#   scripts/node-cni-cost.sh wrap             every exec of the node's plugin
+#                 timed from now on (/usr/bin/time: wall, user, sys, peak RSS,
+#                 the CNI command), its API traffic relayed through a counting
+#                 proxy (scripts/count-proxy.py)
+#   scripts/node-cni-cost.sh report SINCE [UNTIL]   the calls and requests
+#                 between two epoch times (UNTIL: now), as JSON on stdout and
+#                 a table on stderr
+#   scripts/node-cni-cost.sh unwrap           the plugin and its kubeconfig
+#                 as they were
+#
+# API requests are counted from the API server's audit log (the test bed
+# logs every request of the plugin's identity, calico-cni-plugin:
+# testbed/audit-policy.yaml), bytes by the proxy (TLS included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+eval "$(bash scripts/testbed.sh env)"
+[ -n "${TESTBED_NODE_DIR:-}" ] || { echo "node-cni-cost: no node (scripts/testbed.sh up --node)" >&2; exit 1; }
+cni_bin=$TESTBED_NODE_DIR/host/opt/cni/bin
+cni_conf=$TESTBED_NODE_DIR/host/etc/cni/net.d
+measured=$TESTBED_NODE_DIR/cni-cost
+calls=$measured/calls.log
+proxy_port=${TESTBED_COST_PROXY_PORT:-26458}
+audit=$TESTBED_DIR/logs/audit.log
+
+wrap() {
+  [ -d "$measured/real" ] && return 0
+  mkdir -p "$measured/real"
+  cp "$cni_bin/calico" "$measured/real/calico"
+  ln -sf calico "$measured/real/calico-ipam"
+  : >"$calls"
+  local tmp=$cni_bin/calico.wrap
+  cat >"$tmp" <<WRAPPER
+#!/bin/sh
+# scripts/node-cni-cost.sh: each call timed, then the real plugin run under its own name.
+exec /usr/bin/time -a -o "$calls" -f "%e %U %S %M \${CNI_COMMAND:-cli} \$(date +%s.%N) \$(basename "\$0")" \\
+  "$measured/real/\$(basename "\$0")" "\$@"
+WRAPPER
+  chmod 0755 "$tmp"
+  mv -f "$tmp" "$cni_bin/calico"
+  # The plugin's API traffic through the counting relay.
+  cp "$cni_conf/calico-kubeconfig" "$measured/calico-kubeconfig.orig"
+  local server
+  server=$(grep -o 'server: https://[^ ]*' "$cni_conf/calico-kubeconfig" | head -1 | cut -d/ -f3)
+  setsid python3 "$root/scripts/count-proxy.py" "$proxy_port" "$server" "$measured/bytes.json" \
+    </dev/null >"$measured/proxy.log" 2>&1 &
+  echo $! >"$measured/proxy.pid"
+  sleep 0.5
+  sed -e "s#server: https://$server#server: https://127.0.0.1:$proxy_port#" \
+    "$measured/calico-kubeconfig.orig" >"$cni_conf/calico-kubeconfig.tmp"
+  mv -f "$cni_conf/calico-kubeconfig.tmp" "$cni_conf/calico-kubeconfig"
+  echo '{"connections": 0, "bytes_up": 0, "bytes_down": 0}' >"$measured/bytes.json"
+}
+
+unwrap() {
+  [ -d "$measured/real" ] || return 0
+  cp "$measured/real/calico" "$cni_bin/calico.unwrap"
+  mv -f "$cni_bin/calico.unwrap" "$cni_bin/calico"
+  cp "$measured/calico-kubeconfig.orig" "$cni_conf/calico-kubeconfig.tmp"
+  mv -f "$cni_conf/calico-kubeconfig.tmp" "$cni_conf/calico-kubeconfig"
+  kill "$(cat "$measured/proxy.pid")" 2>/dev/null || true
+  rm -rf "$measured/real"
+}
+
+report() {
+  python3 - "$calls" "$audit" "$measured/bytes.json" "$1" "${2:-$(date +%s.%N)}" <<'PY'
+import json, sys
+calls_path, audit_path, bytes_path, since, until = sys.argv[1:6]
+since, until = float(since), float(until)
+minutes = (until - since) / 60
+calls = []
+for line in open(calls_path):
+    f = line.split()
+    if len(f) < 7 or not f[0][0].isdigit():
+        continue
+    wall, user, sys_, rss, cmd, start, name = f[:7]
+    if since <= float(start) <= until:
+        calls.append({"cmd": cmd if cmd != "cli" else name, "wall": float(wall), "cpu": float(user) + float(sys_),
+                      "rss_kb": int(rss), "start": float(start), "requests": 0})
+import datetime
+requests = []
+for line in open(audit_path):
+    e = json.loads(line)
+    t = datetime.datetime.fromisoformat(e["stageTimestamp"].replace("Z", "+00:00")).timestamp()
+    if since <= t <= until and e.get("stage") == "ResponseComplete":
+        requests.append(e)
+        # The call it came from: the one running when the server received it.
+        r = datetime.datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+        for c in calls:
+            if c["start"] - 0.05 <= r <= c["start"] + c["wall"] + 0.05:
+                c["requests"] += 1
+                break
+by_cmd = {}
+for c in calls:
+    by_cmd.setdefault(c["cmd"], []).append(c)
+b = json.load(open(bytes_path))
+out = {"seconds": round(until - since, 1), "calls": {}, "api_requests": len(requests),
+       "api_requests_per_minute": round(len(requests) / minutes, 2) if minutes else None,
+       "requests_by_verb": {}, "bytes": b}
+for r in requests:
+    k = f'{r["verb"]} {r.get("objectRef", {}).get("resource", r["requestURI"])}'
+    out["requests_by_verb"][k] = out["requests_by_verb"].get(k, 0) + 1
+for cmd, cs in sorted(by_cmd.items()):
+    cpu = sorted(c["cpu"] for c in cs)
+    out["calls"][cmd] = {"count": len(cs), "per_minute": round(len(cs) / minutes, 2) if minutes else None,
+                         "cpu_ms_mean": round(1000 * sum(cpu) / len(cpu), 1),
+                         "cpu_ms_p50": round(1000 * cpu[len(cpu) // 2], 1),
+                         "wall_ms_mean": round(1000 * sum(c["wall"] for c in cs) / len(cs), 1),
+                         "api_requests": sum(c["requests"] for c in cs),
+                         "peak_rss_kb_max": max(c["rss_kb"] for c in cs)}
+n = sum(len(cs) for cs in by_cmd.values())
+if n:
+    out["api_requests_per_call"] = round(len(requests) / n, 2)
+    out["bytes_per_call"] = round((b["bytes_up"] + b["bytes_down"]) / n)
+print(json.dumps(out, indent=1))
+for cmd, c in out["calls"].items():
+    print(f'{cmd:8} {c["count"]:5} calls  {c["per_minute"]:6}/min  cpu {c["cpu_ms_mean"]:7} ms mean '
+          f'(p50 {c["cpu_ms_p50"]})  wall {c["wall_ms_mean"]} ms  rss {c["peak_rss_kb_max"]} kB  '
+          f'API requests {c["api_requests"]}', file=sys.stderr)
+print(f'API requests {len(requests)} ({out["api_requests_per_minute"]}/min, {out.get("api_requests_per_call")}/call): '
+      f'{out["requests_by_verb"]}; bytes {b["bytes_up"]} up {b["bytes_down"]} down over {b["connections"]} connections',
+      file=sys.stderr)
+PY
+}
+
+case ${1:-} in
+  wrap) wrap ;;
+  unwrap) unwrap ;;
+  report) report "${2:?SINCE}" "${3:-}" ;;
+  idle)
+    secs=${2:-180}
+    trap unwrap EXIT
+    wrap
+    since=$(date +%s.%N)
+    echo "node-cni-cost: the node idle for $secs s..." >&2
+    sleep "$secs"
+    report "$since"
+    ;;
+  *) echo "usage: $0 idle [SECONDS] | wrap | report SINCE [UNTIL] | unwrap" >&2; exit 2 ;;
+esac
