@@ -4,7 +4,7 @@
 //! check; an API server that stops accepting connections makes the very
 //! next call not ready; every ADD and DEL (failed ones too) makes the next
 //! STATUS check afresh; the answer is keyed by the network, its config and
-//! its credentials.
+//! its credentials; on etcd, every member must accept connections.
 
 mod common;
 
