@@ -39,6 +39,7 @@ const PLUGIN_RANKS: &[(&str, u32)] = &[
     ("journal", 0),
     ("readiness", 0),
     ("policy_wait", 0),
+    ("status_cache", 0),
     ("endpoint", 1),
     ("rollback", 1),
     ("teardown", 1),

@@ -262,6 +262,10 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
     );
 
     let version = request.version;
+    // Every ADD and DEL, whichever its outcome, may change what STATUS
+    // answers (an address taken or freed): its next call checks afresh.
+    let changes_status = matches!(request.env.command, Command::Add | Command::Del)
+        .then(|| crate::plugin::status_cache::Cache::of(&request.conf));
     let runtime = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
@@ -269,6 +273,9 @@ pub fn run(args: &[String], vars: HashMap<String, String>, stdin: &mut dyn Read)
         }
     };
     let outcome = runtime.block_on(dispatch(personality, request));
+    if let Some(cache) = changes_status {
+        cache.invalidate();
+    }
     shut_down(runtime);
     match outcome.and_then(|result| print_result(result, version)) {
         Ok(stdout) => Exit::ok(stdout),

@@ -8,7 +8,8 @@
 //! conflist is 0.3.1) the command says so, runs the checks STATUS would
 //! make all the same, and never says "ready": exit 3 when they pass (no
 //! readiness is reported to the runtime), 1 when they fail (an ADD would
-//! fail too).
+//! fail too). It always makes the full check: the answer STATUS keeps
+//! for the runtime between full checks is neither read nor written.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -48,6 +49,9 @@ pub fn run(config: Option<&Path>, vars: &HashMap<String, String>) -> Outcome {
     if !asked {
         plugin["cniVersion"] = json!(Version::V1_1_0.to_string());
     }
+    // An operator asking gets a fresh answer, never the runtime's kept one
+    // (a not-ready one removes that, as any failed full check does).
+    plugin["status_cache_seconds"] = json!(0);
     let network = plugin["name"].as_str().unwrap_or_default().to_string();
     let mut call_vars: HashMap<String, String> = vars.clone();
     call_vars.insert("CNI_COMMAND".into(), "STATUS".into());

@@ -19,6 +19,15 @@ pub const DEFAULT_MTU_FILE: &str = "/var/lib/calico/mtu";
 pub const DEFAULT_LOCAL_DATASTORE: &str = "/var/lib/calico/cni-datastore.db";
 /// Where DELs that could not reach the datastore record what they owe.
 pub const DEFAULT_RELEASE_QUEUE_DIR: &str = "/var/lib/calico/cni-release-queue";
+/// Where STATUS keeps its answers between calls (a file per network).
+pub const DEFAULT_STATUS_CACHE_DIR: &str = "/var/lib/calico/cni-status";
+/// How long a ready STATUS answer is kept between full checks (one of 7
+/// API requests on the Kubernetes datastore, 8 dual-stack).
+pub const DEFAULT_STATUS_CACHE_SECONDS: u64 = 900;
+/// How often one datastore read (ClusterInformation) confirms a kept
+/// answer: with a full check every 15 minutes, at most one API request a
+/// minute on average.
+pub const DEFAULT_STATUS_PROBE_SECONDS: u64 = 120;
 pub const DEFAULT_DEADLINE_SECONDS: f64 = 30.0;
 
 /// How long before its token expires STATUS reports the Kubernetes
@@ -165,6 +174,12 @@ pub struct NetConf {
     /// STATUS answers not ready when the Kubernetes token expires within
     /// this many seconds (0 or absent: [`DEFAULT_TOKEN_EXPIRY_MARGIN_SECONDS`]).
     pub token_expiry_margin_seconds: u64,
+    /// How long a ready STATUS answer is kept between full checks, in
+    /// seconds (absent: [`DEFAULT_STATUS_CACHE_SECONDS`]; 0: never kept).
+    pub status_cache_seconds: Option<u64>,
+    /// How often, within that, one datastore read confirms a kept answer,
+    /// in seconds (absent: [`DEFAULT_STATUS_PROBE_SECONDS`]; 0: never).
+    pub status_probe_seconds: Option<u64>,
 }
 
 impl Default for NetConf {
@@ -223,6 +238,8 @@ impl Default for NetConf {
             local_datastore_path: String::new(),
             release_queue_dir: String::new(),
             token_expiry_margin_seconds: 0,
+            status_cache_seconds: None,
+            status_probe_seconds: None,
         }
     }
 }
@@ -316,6 +333,8 @@ const NETCONF_KEYS: Schema = &[
     Field("local_datastore_path", None),
     Field("release_queue_dir", None),
     Field("token_expiry_margin_seconds", None),
+    Field("status_cache_seconds", None),
+    Field("status_probe_seconds", None),
 ];
 
 /// Rewrites `obj`'s keys to the schema's spelling the way Go's decoder
@@ -398,8 +417,6 @@ impl NetConf {
         })
     }
 
-    /// `release_queue_dir`; else `cni-release-queue` beside the embedded
-    /// datastore when its path is configured; else the default.
     /// [`NetConf::token_expiry_margin_seconds`], its default applied.
     pub fn token_expiry_margin(&self) -> std::time::Duration {
         std::time::Duration::from_secs(match self.token_expiry_margin_seconds {
@@ -408,13 +425,46 @@ impl NetConf {
         })
     }
 
+    /// `release_queue_dir`; else `cni-release-queue` beside the embedded
+    /// datastore when its path is configured; else the default.
     pub fn release_queue_dir(&self) -> PathBuf {
         if !self.release_queue_dir.is_empty() {
             return PathBuf::from(&self.release_queue_dir);
         }
+        self.beside_local_datastore("cni-release-queue", DEFAULT_RELEASE_QUEUE_DIR)
+    }
+
+    /// [`NetConf::status_cache_seconds`], its default applied (zero: the
+    /// cache is off).
+    pub fn status_cache_window(&self) -> Duration {
+        Duration::from_secs(
+            self.status_cache_seconds
+                .unwrap_or(DEFAULT_STATUS_CACHE_SECONDS),
+        )
+    }
+
+    /// [`NetConf::status_probe_seconds`], its default applied (zero: no
+    /// probe between full checks).
+    pub fn status_probe_interval(&self) -> Duration {
+        Duration::from_secs(
+            self.status_probe_seconds
+                .unwrap_or(DEFAULT_STATUS_PROBE_SECONDS),
+        )
+    }
+
+    /// Where STATUS keeps its answers: `cni-status` beside the embedded
+    /// datastore when its path is configured (as the release queue); else
+    /// the default.
+    pub fn status_cache_dir(&self) -> PathBuf {
+        self.beside_local_datastore("cni-status", DEFAULT_STATUS_CACHE_DIR)
+    }
+
+    /// `name` beside `local_datastore_path` when it is configured, else
+    /// `default`: the node's state the plugin keeps under /var/lib/calico.
+    fn beside_local_datastore(&self, name: &str, default: &str) -> PathBuf {
         match Path::new(&self.local_datastore_path).parent() {
-            Some(dir) if !self.local_datastore_path.is_empty() => dir.join("cni-release-queue"),
-            _ => PathBuf::from(DEFAULT_RELEASE_QUEUE_DIR),
+            Some(dir) if !self.local_datastore_path.is_empty() => dir.join(name),
+            _ => PathBuf::from(default),
         }
     }
 

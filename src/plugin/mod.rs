@@ -26,6 +26,7 @@ pub mod readiness;
 pub mod release_queue;
 pub mod rollback;
 pub mod status;
+pub mod status_cache;
 pub mod teardown;
 #[cfg(test)]
 mod tests;

@@ -117,6 +117,26 @@ impl K8sClient {
         K8sError::Unauthorized(msg)
     }
 
+    /// A digest of the credentials this client presents: where they came
+    /// from and the bearer token itself (never the token: a SHA-256 over
+    /// both), so that a caller can tell whether a later call presents the
+    /// same ones (a token file rotated, an inline token replaced).
+    pub fn credentials_digest(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"calico-cni credentials\0");
+        h.update(self.credentials.token_source.as_bytes());
+        h.update(b"\0");
+        h.update(
+            self.credentials
+                .token
+                .as_deref()
+                .unwrap_or_default()
+                .as_bytes(),
+        );
+        h.finalize().into()
+    }
+
     /// When the bearer token this client presents expires (a JWT's `exp`),
     /// and where the token came from (never the token).
     pub fn token_expiry(&self) -> Option<(SystemTime, String)> {
