@@ -14,9 +14,12 @@
 //! node's CPU time spent in CNI plugin processes per pod (ADD and DEL) is
 //! containerd's reaped children's CPU time (`cutime + cstime` in
 //! /proc/<containerd>/stat: the plugins are containerd's only direct
-//! children; shims leave it) over the pods. The plugin under test is the
-//! node's (the debug build unless CALICO_BIN named a release build at `up
-//! --node`).
+//! children; shims leave it) over the pods; and, split by plugin and CNI
+//! command, every exec of the node's CNI binaries timed by
+//! `scripts/node-cni-cost.sh wrap` (their children, iptables, included),
+//! with the API requests each made (the test bed's audit log). The plugin
+//! under test is the node's (the debug build unless CALICO_BIN named a
+//! release build at `up --node`, or `--ours FILE` names one here).
 
 use std::net::{IpAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -62,6 +65,29 @@ fn put(path: &Path, bytes: &[u8], mode: u32) {
     std::fs::rename(&tmp, path).expect("rename");
 }
 
+/// scripts/node-cni-cost.sh with `args`: its JSON report, if any.
+fn cni_cost(args: &[&str]) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/node-cni-cost.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("node-cni-cost.sh");
+    assert!(
+        out.status.success(),
+        "node-cni-cost.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+fn epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 /// containerd's reaped children's CPU time, in clock ticks.
 fn children_cpu_ticks() -> u64 {
     let pid = std::fs::read_to_string(format!("{}/node-containerd.pid", var("TESTBED_DIR")))
@@ -97,6 +123,8 @@ struct Timed {
     connected: Vec<f64>,
     /// The CNI chain's CPU time over these pods.
     cpu_ms: f64,
+    /// Per exec'd binary and CNI command: (calls, CPU ms, API requests).
+    by_command: std::collections::BTreeMap<String, (u64, f64, u64)>,
 }
 
 /// Creates `n` pods at once in `ns` and times each.
@@ -142,7 +170,7 @@ fn start(ns: &str, node: &str, n: usize) -> Timed {
     Timed {
         running: running.into_iter().flatten().collect(),
         connected: connected.into_iter().flatten().collect(),
-        cpu_ms: 0.0,
+        ..Default::default()
     }
 }
 
@@ -189,11 +217,15 @@ fn main() {
     let node_dir = PathBuf::from(var("TESTBED_NODE_DIR"));
     let binary = node_dir.join("host/opt/cni/bin/calico");
     let conflist = node_dir.join("host/etc/cni/net.d/10-calico.conflist");
-    let ours = (
+    let installed = (
         std::fs::read(&binary).unwrap(),
         std::fs::read(&conflist).unwrap(),
     );
-    let mut stock: Value = serde_json::from_slice(&ours.1).unwrap();
+    let ours = match args.iter().position(|a| a == "--ours") {
+        Some(i) => std::fs::read(&args[i + 1]).expect("--ours FILE"),
+        None => installed.0.clone(),
+    };
+    let mut stock: Value = serde_json::from_slice(&installed.1).unwrap();
     stock["cniVersion"] = json!("0.3.1");
     let stock = serde_json::to_vec_pretty(&stock).unwrap();
     let theirs = std::fs::read(PathBuf::from(var("PEERS_BIN")).join("calico-v3.32.1/calico"))
@@ -211,7 +243,7 @@ fn main() {
 
     // Rounds alternate the binaries (ours, Calico's, ours, ...) so that a
     // drift of the machine's load over the run falls on both alike.
-    let plugins = [("ours", &ours.0), ("Calico v3.32.1", &theirs)];
+    let plugins = [("ours", &ours), ("Calico v3.32.1", &theirs)];
     let mut results: Vec<[Timed; 2]> = plugins.iter().map(|_| Default::default()).collect();
     for _ in 0..rounds {
         for (i, (_, bytes)) in plugins.iter().enumerate() {
@@ -219,6 +251,8 @@ fn main() {
             put(&conflist, &stock, 0o644);
             std::thread::sleep(Duration::from_secs(2)); // containerd reloads the config
             for (j, (at_once, times)) in [(1, single), (burst, 1)].into_iter().enumerate() {
+                cni_cost(&["wrap"]);
+                let since = epoch().to_string();
                 let ticks = children_cpu_ticks();
                 for _ in 0..times {
                     let t = start(&ns, &node, at_once);
@@ -228,6 +262,15 @@ fn main() {
                 }
                 // (USER_HZ is 100 on Linux.)
                 results[i][j].cpu_ms += (children_cpu_ticks() - ticks) as f64 * 10.0;
+                let report = cni_cost(&["report", &since]);
+                cni_cost(&["unwrap"]);
+                for (command, c) in report["calls"].as_object().into_iter().flatten() {
+                    let e = results[i][j].by_command.entry(command.clone()).or_default();
+                    let count = c["count"].as_u64().unwrap_or(0);
+                    e.0 += count;
+                    e.1 += count as f64 * c["cpu_ms_mean"].as_f64().unwrap_or(0.0);
+                    e.2 += c["api_requests"].as_u64().unwrap_or(0);
+                }
             }
         }
     }
@@ -248,8 +291,26 @@ fn main() {
             );
         }
     }
-    put(&binary, &ours.0, 0o755);
-    put(&conflist, &ours.1, 0o644);
+    println!();
+    println!(
+        "| plugin | pods at once | exec'd binary and CNI command | calls per pod | CPU ms per pod | API requests per pod |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for ((label, _), timed) in plugins.iter().zip(&results) {
+        for (at_once, all) in [1, burst].into_iter().zip(timed) {
+            let pods = all.running.len().max(1) as f64;
+            for (command, (calls, cpu, requests)) in &all.by_command {
+                println!(
+                    "| {label} | {at_once} | {command} | {:.2} | {:.1} | {:.1} |",
+                    *calls as f64 / pods,
+                    cpu / pods,
+                    *requests as f64 / pods
+                );
+            }
+        }
+    }
+    put(&binary, &installed.0, 0o755);
+    put(&conflist, &installed.1, 0o644);
     api("DELETE", &format!("/api/v1/namespaces/{ns}"), None);
     if made_nodename {
         let _ = std::fs::remove_file(nodename);

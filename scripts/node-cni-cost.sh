@@ -82,7 +82,9 @@ for line in open(calls_path):
         continue
     wall, user, sys_, rss, cmd, start, name = f[:7]
     if since <= float(start) <= until:
-        calls.append({"cmd": cmd if cmd != "cli" else name, "wall": float(wall), "cpu": float(user) + float(sys_),
+        # (calico-ipam's calls apart from calico's: the plugin execs it for IPAM.)
+        key = (cmd if cmd != "cli" else "cli") + ("" if name == "calico" else f" ({name})")
+        calls.append({"cmd": key, "wall": float(wall), "cpu": float(user) + float(sys_),
                       "rss_kb": int(rss), "start": float(start), "requests": 0})
 import datetime
 requests = []
@@ -91,12 +93,12 @@ for line in open(audit_path):
     t = datetime.datetime.fromisoformat(e["stageTimestamp"].replace("Z", "+00:00")).timestamp()
     if since <= t <= until and e.get("stage") == "ResponseComplete":
         requests.append(e)
-        # The call it came from: the one running when the server received it.
+        # The call it came from: of those running when the server received
+        # it, the last to start (calico-ipam's, inside calico's).
         r = datetime.datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
-        for c in calls:
-            if c["start"] - 0.05 <= r <= c["start"] + c["wall"] + 0.05:
-                c["requests"] += 1
-                break
+        running = [c for c in calls if c["start"] - 0.01 <= r <= c["start"] + c["wall"] + 0.01]
+        if running:
+            max(running, key=lambda c: c["start"])["requests"] += 1
 by_cmd = {}
 for c in calls:
     by_cmd.setdefault(c["cmd"], []).append(c)
@@ -121,7 +123,7 @@ if n:
     out["bytes_per_call"] = round((b["bytes_up"] + b["bytes_down"]) / n)
 print(json.dumps(out, indent=1))
 for cmd, c in out["calls"].items():
-    print(f'{cmd:8} {c["count"]:5} calls  {c["per_minute"]:6}/min  cpu {c["cpu_ms_mean"]:7} ms mean '
+    print(f'{cmd:22} {c["count"]:5} calls  {c["per_minute"]:6}/min  cpu {c["cpu_ms_mean"]:7} ms mean '
           f'(p50 {c["cpu_ms_p50"]})  wall {c["wall_ms_mean"]} ms  rss {c["peak_rss_kb_max"]} kB  '
           f'API requests {c["api_requests"]}', file=sys.stderr)
 print(f'API requests {len(requests)} ({out["api_requests_per_minute"]}/min, {out.get("api_requests_per_call")}/call): '

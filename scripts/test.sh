@@ -37,16 +37,19 @@ CALICO_TEST_API_GROUP=projectcalico.org/v3 \
   cargo test --locked --features fault-injection --test calico_ipam --test ipam_cooldown -- kdd
 echo "test.sh: tests done at $((SECONDS - t0)) s"
 # The node stage: a real kubelet, kube-scheduler and containerd on the test
-# bed, this build installed by `calico install` (scripts/testbed-node.sh),
+# bed with Calico's Felix, kube-proxy and CoreDNS, this build installed by
+# `calico install` (scripts/testbed-node.sh),
 # after the other tests so that the node's plugin calls never meet theirs.
 # (The node's tests are #[ignore]d in the run above; the plugin installed is
 # the debug build that run made.)
 bash scripts/testbed.sh up --node
 eval "$(bash scripts/testbed.sh env)"
 cargo test --locked --features fault-injection --test node -- --ignored --test-threads=1
-# Kubernetes' own pod-network conformance tests on that node
-# ([sig-network] Networking Granular Checks: Pods, from e2e.test).
-bash scripts/node-e2e.sh
+# Kubernetes' own tests on that node, a whole Calico node (Calico's Felix
+# enforcing policy, kube-proxy, CoreDNS): every [sig-network] conformance
+# test, then the fixed NetworkPolicy subset (scripts/node-e2e.sh).
+E2E_REPORT=target/node-e2e/conformance bash scripts/node-e2e.sh --conformance
+E2E_REPORT=target/node-e2e/netpol-ci bash scripts/node-e2e.sh --netpol-ci
 # (Down before the benchmark, which the node's own work would disturb.)
 bash scripts/testbed.sh node-down
 echo "test.sh: node stage done at $((SECONDS - t0)) s"

@@ -74,7 +74,10 @@ alive() {
   local pid exe
   pid=$(cat "$dir/$1.pid" 2>/dev/null) || return 1
   exe=$(cat "$dir/$1.exe" 2>/dev/null) || exe=$(readlink -f "$bin/$1")
-  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ]
+  # (" (deleted)": the peer's binary was rebuilt while it ran; still ours.)
+  local running
+  running=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  [ "${running% (deleted)}" = "$exe" ]
 }
 
 # start NAME COMMAND...: runs COMMAND in its own session, logs to logs/NAME.log.

@@ -650,7 +650,8 @@ fn kubelet_restarted_mid_way_leaks_nothing() {
 
 /// The node's plugin swapped for Calico v3.32.1's binary and back while
 /// pods run (as an operator rolling calico/cni back and forth): pods added
-/// by either binary and deleted by either leave nothing.
+/// by either binary and deleted by either leave nothing, and Felix's policy
+/// holds on the pods of both, whichever binary networked the client.
 #[test]
 #[ignore = "the node stage of scripts/test.sh: -- --ignored with the node up"]
 fn swapped_for_calicos_binary_and_back() {
@@ -723,6 +724,32 @@ fn swapped_for_calicos_binary_and_back() {
         assert!(pool.contains(ip), "{pod}: {ip}");
         assert_eq!(echo_from_node(*ip).0.as_deref(), Ok(pod.as_str()));
     }
+    // Felix enforces policy on the pods of both binaries, from probe pods
+    // networked by either: a default deny on the namespace's pods...
+    let targets: Vec<IpAddr> = by_ours
+        .iter()
+        .chain(&by_theirs)
+        .map(|(_, ip)| *ip)
+        .collect();
+    let probe = json!({"role": "probe"});
+    let policies = format!(
+        "/apis/networking.k8s.io/v1/namespaces/{}/networkpolicies",
+        ns.name
+    );
+    bed.create(
+        &policies,
+        &json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": "deny-servers"},
+                "spec": {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]},
+                         "policyTypes": ["Ingress"]}}),
+    );
+    probe_until(bed, &ns, &node, "theirs-denied", &probe, &targets, false);
+    installed.put(&ours);
+    probe_until(bed, &ns, &node, "ours-denied", &probe, &targets, false);
+    // ... and lifted, traffic flows again.
+    bed.delete(&format!("{policies}/deny-servers"));
+    probe_until(bed, &ns, &node, "ours-open", &probe, &targets, true);
+    installed.put(&theirs);
     // Calico's binary deletes pods ours added.
     scale_to_zero(bed, &ns, "a");
     installed.put(&ours);
@@ -813,8 +840,7 @@ fn probe_until(
     let end = Instant::now() + Duration::from_secs(60);
     for attempt in 1.. {
         let pod = format!("{name}-{attempt}");
-        let (phase, report) =
-            probe_from_labelled_pod(bed, ns, node, &pod, labels.clone(), targets);
+        let (phase, report) = probe_from_labelled_pod(bed, ns, node, &pod, labels.clone(), targets);
         bed.delete(&ns.pod_path(&pod));
         let lines: Vec<&str> = report.lines().collect();
         let answered = lines.iter().filter(|l| !l.contains(" FAIL ")).count();
@@ -1002,8 +1028,18 @@ fn a_global_network_policy_from_calicoctl_is_enforced() {
     }
     calicoctl(bed, &["apply", "-f", "-"], Some(&gnp.to_string()));
     let gnp_guard = Gnp(bed, name.clone());
-    let listed = calicoctl(bed, &["get", "globalnetworkpolicy", "-o", "name"], None);
-    assert!(listed.lines().any(|l| l.ends_with(&name)), "{listed}");
+    // Calico's tool reads back what it wrote, in its own terms.
+    let got: Value = serde_json::from_str(&calicoctl(
+        bed,
+        &["get", "globalnetworkpolicy", &name, "-o", "json"],
+        None,
+    ))
+    .unwrap();
+    assert_eq!(got["metadata"]["name"], name.as_str(), "{got}");
+    assert_eq!(
+        got["metadata"]["labels"]["projectcalico.org/tier"], "default",
+        "{got}"
+    );
     probe_until(bed, &ns, &node, "denied", &labels, &targets, false);
     calicoctl(bed, &["delete", "globalnetworkpolicy", &name], None);
     drop(gnp_guard);
@@ -1060,8 +1096,7 @@ fn the_add_waits_for_felix_with_policy_setup_timeout() {
     let at = |what: &str| -> std::time::SystemTime {
         let line = log
             .lines()
-            .filter(|l| l.contains(what) && l.contains(&name))
-            .next_back()
+            .rfind(|l| l.contains(what) && l.contains(&name))
             .unwrap_or_else(|| panic!("no {what:?} for {name} in {log_path}"));
         rfc3339_time(line.split_whitespace().next().unwrap())
     };
@@ -1088,7 +1123,11 @@ fn rfc3339_time(s: &str) -> std::time::SystemTime {
     let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
     let t: Vec<i64> = hms.split(':').map(|x| x.parse().unwrap()).collect();
     // Days since 1970-01-01 of a proleptic Gregorian date.
-    let (y, m) = if d[1] <= 2 { (d[0] - 1, d[1] + 9) } else { (d[0], d[1] - 3) };
+    let (y, m) = if d[1] <= 2 {
+        (d[0] - 1, d[1] + 9)
+    } else {
+        (d[0], d[1] - 3)
+    };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;
     let doy = (153 * m + 2) / 5 + d[2] - 1;
