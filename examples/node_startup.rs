@@ -174,22 +174,28 @@ fn start(ns: &str, node: &str, n: usize) -> Timed {
     }
 }
 
+/// The host's cali interfaces (the node's own pods', CoreDNS's, included).
+fn cali_links() -> usize {
+    let links = Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .expect("ip");
+    String::from_utf8_lossy(&links.stdout)
+        .matches(": cali")
+        .count()
+}
+
 /// Deletes the namespace's pods and waits until they are gone and their
-/// sandboxes torn down (no cali interface left).
-fn clear(ns: &str) {
+/// sandboxes torn down (no more cali interfaces than `before`, the node's
+/// own pods' before the run: CoreDNS's).
+fn clear(ns: &str, before: usize) {
     api("DELETE", &format!("/api/v1/namespaces/{ns}/pods"), None);
     let end = Instant::now() + Duration::from_secs(300);
     loop {
         let left = api("GET", &format!("/api/v1/namespaces/{ns}/pods"), None)["items"]
             .as_array()
             .map_or(0, Vec::len);
-        let links = Command::new("ip")
-            .args(["-o", "link"])
-            .output()
-            .expect("ip");
-        let veths = String::from_utf8_lossy(&links.stdout)
-            .matches(": cali")
-            .count();
+        let veths = cali_links().saturating_sub(before);
         if left == 0 && veths == 0 {
             return;
         }
@@ -234,6 +240,7 @@ fn main() {
     let made_nodename = !nodename.exists();
     std::fs::create_dir_all("/var/lib/calico").unwrap();
     std::fs::write(nodename, &node).unwrap();
+    let before = cali_links();
     let ns = format!("startup-{}", std::process::id());
     api(
         "POST",
@@ -256,7 +263,7 @@ fn main() {
                 let ticks = children_cpu_ticks();
                 for _ in 0..times {
                     let t = start(&ns, &node, at_once);
-                    clear(&ns);
+                    clear(&ns, before);
                     results[i][j].running.extend(t.running);
                     results[i][j].connected.extend(t.connected);
                 }

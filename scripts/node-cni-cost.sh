@@ -5,8 +5,9 @@
 #   scripts/node-cni-cost.sh idle [SECONDS]   an idle node (default 180 s): how
 #                 often the plugin is exec'd (STATUS, with cniVersion 1.1.0),
 #                 and per call and per minute: API requests, CPU ms, bytes
-#   scripts/node-cni-cost.sh wrap             every exec of the node's plugin
-#                 timed from now on (/usr/bin/time: wall, user, sys, peak RSS,
+#   scripts/node-cni-cost.sh wrap             every exec of the node's CNI
+#                 binaries (calico, calico-ipam, portmap, loopback...) timed
+#                 from now on (/usr/bin/time: wall, user, sys, peak RSS,
 #                 the CNI command), its API traffic relayed through a counting
 #                 proxy (scripts/count-proxy.py)
 #   scripts/node-cni-cost.sh report SINCE [UNTIL]   the calls and requests
@@ -33,18 +34,38 @@ audit=$TESTBED_DIR/logs/audit.log
 wrap() {
   [ -d "$measured/real" ] && return 0
   mkdir -p "$measured/real"
-  cp "$cni_bin/calico" "$measured/real/calico"
-  ln -sf calico "$measured/real/calico-ipam"
   : >"$calls"
-  local tmp=$cni_bin/calico.wrap
-  cat >"$tmp" <<WRAPPER
+  # Every CNI binary of the node (calico and the plugins it chains, portmap;
+  # containerd's loopback): each exec timed, then the real binary run under
+  # its own name.
+  local f name
+  for f in "$cni_bin"/*; do
+    name=$(basename "$f")
+    [ -f "$f" ] && [ -x "$f" ] && [ ! -L "$f" ] || continue
+    case $name in *.wrap | *.unwrap) continue ;; esac
+    cp "$f" "$measured/real/$name"
+    cat >"$f.wrap" <<WRAPPER
 #!/bin/sh
-# scripts/node-cni-cost.sh: each call timed, then the real plugin run under its own name.
+# scripts/node-cni-cost.sh: each call timed, then the real binary run under its own name.
 exec /usr/bin/time -a -o "$calls" -f "%e %U %S %M \${CNI_COMMAND:-cli} \$(date +%s.%N) \$(basename "\$0")" \\
   "$measured/real/\$(basename "\$0")" "\$@"
 WRAPPER
-  chmod 0755 "$tmp"
-  mv -f "$tmp" "$cni_bin/calico"
+    chmod 0755 "$f.wrap"
+    mv -f "$f.wrap" "$f"
+  done
+  # A symlink to a wrapped binary (calico-ipam -> calico) now points at the
+  # real one: the plugin finds calico-ipam to be its own executable and runs
+  # IPAM in process as on a real node; a plugin that execs it (Calico's) has
+  # that exec's CPU counted in its own call's (time counts waited children).
+  : >"$measured/links"
+  for f in "$cni_bin"/*; do
+    [ -L "$f" ] || continue
+    local target
+    target=$(readlink "$f")
+    [ -f "$measured/real/$(basename "$target")" ] || continue
+    echo "$(basename "$f") $target" >>"$measured/links"
+    ln -sfn "$measured/real/$(basename "$target")" "$f"
+  done
   # The plugin's API traffic through the counting relay.
   cp "$cni_conf/calico-kubeconfig" "$measured/calico-kubeconfig.orig"
   local server
@@ -61,8 +82,16 @@ WRAPPER
 
 unwrap() {
   [ -d "$measured/real" ] || return 0
-  cp "$measured/real/calico" "$cni_bin/calico.unwrap"
-  mv -f "$cni_bin/calico.unwrap" "$cni_bin/calico"
+  local f
+  for f in "$measured/real"/*; do
+    [ -L "$f" ] && continue
+    cp "$f" "$cni_bin/$(basename "$f").unwrap"
+    mv -f "$cni_bin/$(basename "$f").unwrap" "$cni_bin/$(basename "$f")"
+  done
+  local name target
+  while read -r name target; do
+    ln -sfn "$target" "$cni_bin/$name"
+  done <"$measured/links"
   cp "$measured/calico-kubeconfig.orig" "$cni_conf/calico-kubeconfig.tmp"
   mv -f "$cni_conf/calico-kubeconfig.tmp" "$cni_conf/calico-kubeconfig"
   kill "$(cat "$measured/proxy.pid")" 2>/dev/null || true
