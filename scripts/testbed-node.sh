@@ -379,10 +379,14 @@ node_host_net_save() {
   ip6tables-nft-save >"$node_dir/ip6tables.orig"
   sysctl -n net.ipv4.ip_forward net.ipv4.conf.all.route_localnet net.ipv4.conf.all.rp_filter \
     net.ipv4.conf.default.rp_filter net.ipv6.conf.all.forwarding >"$node_dir/net-sysctl.orig"
+  # Felix writes the MTU it detects to /var/lib/calico/mtu, which Calico's
+  # plugin then reports in its results: gone again at down unless it was here.
+  [ -e /var/lib/calico/mtu ] || touch "$node_dir/mtu-file.felix"
 }
 
 node_host_net_restore() {
   [ -f "$node_dir/iptables.orig" ] || return 0
+  [ -f "$node_dir/mtu-file.felix" ] && rm -f /var/lib/calico/mtu "$node_dir/mtu-file.felix"
   local t
   for t in filter nat mangle raw security; do
     iptables-nft -t "$t" -F 2>/dev/null || true
