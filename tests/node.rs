@@ -732,10 +732,7 @@ fn swapped_for_calicos_binary_and_back() {
         .map(|(_, ip)| *ip)
         .collect();
     let probe = json!({"role": "probe"});
-    let policies = format!(
-        "/apis/networking.k8s.io/v1/namespaces/{}/networkpolicies",
-        ns.name
-    );
+    let policies = network_policies(&ns.name);
     bed.create(
         &policies,
         &json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -787,6 +784,11 @@ fn felix_status_file(ns: &Namespace, pod: &str) -> std::path::PathBuf {
         &format!("{}/{pod}", ns.name),
         "eth0",
     ))
+}
+
+/// The API path of a namespace's NetworkPolicies.
+fn network_policies(ns: &str) -> String {
+    format!("/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")
 }
 
 /// Felix's log (the calico-node container's), from `since` on (to the
@@ -931,10 +933,7 @@ fn a_default_deny_policy_blocks_and_an_allow_rule_restores() {
     let client = json!({"role": "client"});
     let other = json!({"role": "other"});
     probe_until(bed, &ns, &node, "open", &client, &targets, true);
-    let policies = format!(
-        "/apis/networking.k8s.io/v1/namespaces/{}/networkpolicies",
-        ns.name
-    );
+    let policies = network_policies(&ns.name);
     bed.create(
         &policies,
         &json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
