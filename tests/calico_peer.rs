@@ -271,6 +271,61 @@ fn results_are_calicos_field_for_field() {
             }
             assert!(w.allocations().is_empty(), "{what}: {:?}", w.allocations());
         }
+        // On a node with calico/node the MTU it detected is in
+        // /var/lib/calico/mtu (Felix writes it), which both binaries read;
+        // the config's `mtu` wins over it. (Only this test compares results,
+        // so the file, there for a moment, changes no other test's answer.)
+        let mtu_file = MtuFile::holding("1400");
+        for (conf_mtu, want) in [(0, 1400), (1450, 1450)] {
+            let mut conf = conf(&w);
+            conf["mtu"] = json!(conf_mtu);
+            // Ours reads the node's file too (the world points it elsewhere).
+            conf.as_object_mut().unwrap().remove("mtu_file");
+            let cid = container_id();
+            let netns = Netns::new();
+            let mut args = String::new();
+            if backend == Backend::Kdd {
+                conf["kubernetes"] = json!({"kubeconfig": bed.cni_kubeconfig()});
+                conf["policy"] = json!({"type": "k8s"});
+                let pod = format!("p{}", &cid[..8]);
+                w.pod(&ns, &pod, json!({}));
+                args = k8s_args(&ns, &pod, &cid);
+            }
+            let what = format!("{backend:?} mtu file 1400, config mtu {conf_mtu}");
+            let ours = same_answer(&w, &c, false, &conf, &cid, &netns.path(), &args, &what);
+            assert_eq!(
+                ours["interfaces"][1]["mtu"],
+                json!(want),
+                "{what}: {ours:#}"
+            );
+        }
+        drop(mtu_file);
+    }
+}
+
+/// `/var/lib/calico/mtu` holding a value for as long as this lives, then
+/// as it was before (absent, or its earlier content).
+struct MtuFile {
+    before: Option<Vec<u8>>,
+}
+
+impl MtuFile {
+    const PATH: &'static str = "/var/lib/calico/mtu";
+
+    fn holding(value: &str) -> MtuFile {
+        let before = std::fs::read(Self::PATH).ok();
+        std::fs::create_dir_all("/var/lib/calico").unwrap();
+        std::fs::write(Self::PATH, value).unwrap();
+        MtuFile { before }
+    }
+}
+
+impl Drop for MtuFile {
+    fn drop(&mut self) {
+        let _ = match &self.before {
+            Some(content) => std::fs::write(Self::PATH, content),
+            None => std::fs::remove_file(Self::PATH),
+        };
     }
 }
 

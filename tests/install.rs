@@ -576,7 +576,7 @@ fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
         .trim_end_matches('/')
         .to_string();
     let template_file = host.root().join("template.json");
-    std::fs::write(&template_file, kdd_template()).unwrap();
+    std::fs::write(&template_file, template_with_state_in(&host)).unwrap();
     let mut env: HashMap<String, String> = pod.env.iter().cloned().collect();
     env.extend([
         ("CNI_NET_DIR".to_string(), net_dir_text),
@@ -627,7 +627,7 @@ fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
     // A template change is rendered within seconds.
     std::fs::write(
         &template_file,
-        kdd_template().replace("\"info\"", "\"debug\""),
+        template_with_state_in(&host).replace("\"info\"", "\"debug\""),
     )
     .unwrap();
     let until = Instant::now() + Duration::from_secs(10);
@@ -643,6 +643,160 @@ fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    assert!(watch.0.try_wait().unwrap().is_none(), "the watch stopped");
+}
+
+/// The KDD template with the plugin's node state (`local_datastore_path`,
+/// and so STATUS's cache and the datastore watch's report beside it) in
+/// `host`'s directory rather than the node's /var/lib/calico.
+fn template_with_state_in(host: &Host) -> String {
+    let state = host.root().join("state/store.db");
+    kdd_template().replace(
+        "\"log_level\": \"info\",",
+        &format!(
+            "\"log_level\": \"info\",\n      \"local_datastore_path\": \"{}\",",
+            state.display()
+        ),
+    )
+}
+
+/// In a pod, `--watch` follows the datastore for STATUS with the pod's
+/// own credentials: its report is ready while ClusterInformation is and
+/// the CNI's ServiceAccount exists, and STATUS takes it for its probe (no
+/// request); the ServiceAccount deleted (every token made for it refused,
+/// which nothing on the node can see), the report and STATUS turn not
+/// ready within seconds, not at the next probe.
+#[test]
+fn the_watch_tells_status_at_once_when_the_cni_service_account_goes() {
+    let test = "the_watch_tells_status_at_once_when_the_cni_service_account_goes";
+    let Some(bed) = common::testbed::testbed(test) else {
+        return;
+    };
+    // A pool for STATUS's IPAM check, and calico-ipam to run it.
+    let Some(w) = common::ipam::World::new(test, common::ipam::Backend::Kdd) else {
+        return;
+    };
+    w.pool(&w.v4(0).to_string(), json!({}));
+    let cni = bed.service_account("kube-system", bed.cni_rules());
+    let watcher = bed.service_account(
+        "kube-system",
+        json!([
+            {"apiGroups": [""], "resources": ["serviceaccounts/token"],
+             "resourceNames": [cni.name], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["crd.projectcalico.org", "projectcalico.org"],
+             "resources": ["clusterinformations"], "verbs": ["list", "watch"]},
+        ]),
+    );
+    let sa_dir = tempfile::tempdir().unwrap();
+    std::fs::write(sa_dir.path().join("token"), &watcher.token).unwrap();
+    std::fs::copy(bed.ca(), sa_dir.path().join("ca.crt")).unwrap();
+    std::fs::write(sa_dir.path().join("namespace"), "kube-system").unwrap();
+    let host = Host::new();
+    let template_file = host.root().join("template.json");
+    std::fs::write(
+        &template_file,
+        template_with_state_in(&host).replace("\"0.3.1\"", "\"1.1.0\""),
+    )
+    .unwrap();
+    let api = bed.api().trim_start_matches("https://").to_string();
+    let (api_host, api_port) = api.rsplit_once(':').unwrap();
+    let net_dir = host.net_d("");
+    let env: HashMap<&str, &str> = HashMap::from([
+        ("KUBERNETES_SERVICE_HOST", api_host),
+        ("KUBERNETES_SERVICE_PORT", api_port),
+        ("KUBERNETES_NODE_NAME", &w.node),
+        ("SLEEP", "false"),
+        (
+            "CNI_NET_DIR",
+            net_dir.to_str().unwrap().trim_end_matches('/'),
+        ),
+        ("CNI_NETWORK_CONFIG_FILE", template_file.to_str().unwrap()),
+        ("CALICO_CNI_SERVICE_ACCOUNT", &cni.name),
+    ]);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut watch = Kill(
+        watch_command(&host, sa_dir.path())
+            .env_clear()
+            .envs(&env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let report_file = host.root().join("state/cni-status/datastore-watch.json");
+    let report =
+        || -> Option<Value> { serde_json::from_slice(&std::fs::read(&report_file).ok()?).ok() };
+    let until = Instant::now() + Duration::from_secs(30);
+    while report().is_none_or(|r| r["verdict"] != "ready") {
+        assert!(Instant::now() < until, "no ready report: {:?}", report());
+        assert!(watch.0.try_wait().unwrap().is_none(), "the watch stopped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let conflist: Value =
+        serde_json::from_slice(&std::fs::read(host.net_d("10-calico.conflist")).unwrap()).unwrap();
+    let mut conf = conflist["plugins"][0].clone();
+    conf["name"] = conflist["name"].clone();
+    conf["cniVersion"] = json!("1.1.0");
+    conf["status_probe_seconds"] = json!(1);
+    conf["log_level"] = json!("debug");
+    conf["log_file_path"] = json!(host.root().join("cni.log"));
+    let status = || {
+        let cni_path = w.bin.display().to_string();
+        let vars = env_of(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", &cni_path)]);
+        let t0 = Instant::now();
+        let out = exec(CALICO, &vars, &conf.to_string());
+        (out, t0.elapsed())
+    };
+    status().0.assert_ok();
+    std::thread::sleep(Duration::from_millis(1100));
+    status().0.assert_ok();
+    let log = std::fs::read_to_string(host.root().join("cni.log")).unwrap();
+    assert!(
+        log.contains("confirmed by the datastore watch"),
+        "the report did not stand for the probe: {log}"
+    );
+
+    let deleted = Instant::now();
+    cni.delete();
+    while report().is_some_and(|r| r["verdict"] == "ready") {
+        assert!(
+            deleted.elapsed() < Duration::from_secs(30),
+            "the report stayed ready"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let noticed = deleted.elapsed();
+    let report = report().unwrap();
+    assert_eq!(report["verdict"], "not-ready", "{report}");
+    let reason = report["reason"].as_str().unwrap().to_string();
+    assert!(
+        reason.contains(&format!(
+            "ServiceAccount kube-system/{} does not exist",
+            cni.name
+        )),
+        "{reason}"
+    );
+    let (out, took) = status();
+    assert_eq!(
+        (out.code, out.json()["code"].as_i64()),
+        (1, Some(50)),
+        "{out:?}"
+    );
+    let not_ready = deleted.elapsed();
+    eprintln!(
+        "{test}: the report turned not ready {} ms after the ServiceAccount's deletion; STATUS answered not ready {} ms after it (the call took {} ms)",
+        noticed.as_millis(),
+        not_ready.as_millis(),
+        took.as_millis()
+    );
+    assert!(not_ready < Duration::from_secs(30), "{not_ready:?}");
     assert!(watch.0.try_wait().unwrap().is_none(), "the watch stopped");
 }
 

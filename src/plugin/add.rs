@@ -244,7 +244,7 @@ async fn create_endpoint(
     let mac = wep.spec.mac.clone();
 
     // Check that the result prints in the config's version before committing.
-    let result = endpoint_result(ctx, &host_veth, &mac, &ips, Some(&ipam_result));
+    let result = endpoint_result(ctx, (&host_veth, &mac, mtu), &ips, Some(&ipam_result));
     result.to_version(ctx.req.version)?;
 
     // The endpoint's policy in place (Felix's status file), if asked: a

@@ -15,17 +15,18 @@ use crate::plugin::context::{Context, datastore_err};
 /// Attempts at writing or deleting a record that keeps changing underneath.
 const ATTEMPTS: usize = 6;
 
-/// The printed result for an endpoint: host veth, container interface,
-/// every address at index 1; routes and DNS as the IPAM gave them.
+/// The printed result for an endpoint: host veth, container interface
+/// (with the MTU the ADD resolved, config or `/var/lib/calico/mtu`, left
+/// out when 0 as Calico does), every address at index 1; routes and DNS as
+/// the IPAM gave them.
 pub fn endpoint_result(
     ctx: &Context,
-    host_veth: &str,
-    mac: &str,
+    (host_veth, mac, mtu): (&str, &str, u32),
     ips: &[IpNet],
     from_ipam: Option<&CniResult>,
 ) -> CniResult {
     let req = &ctx.req;
-    let mtu = u32::try_from(req.conf.mtu).ok().filter(|m| *m > 0);
+    let mtu = Some(mtu).filter(|m| *m > 0);
     CniResult {
         interfaces: vec![
             Interface {

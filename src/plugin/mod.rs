@@ -27,6 +27,7 @@ pub mod release_queue;
 pub mod rollback;
 pub mod status;
 pub mod status_cache;
+pub mod status_watch;
 pub mod teardown;
 #[cfg(test)]
 mod tests;

@@ -12,6 +12,10 @@
 //! readiness too. Any of them failing, the answer's key changed, its
 //! window past or an ADD or DEL since: the full check, now. On the
 //! embedded datastore (no request to spare) every STATUS is the full check.
+//! Where `calico install --watch` runs on the node, its datastore watch's
+//! report ([`status_watch`](crate::plugin::status_watch)) stands for the
+//! probe, and a not-ready report (the CNI's ServiceAccount deleted,
+//! `datastoreReady` false) is STATUS's answer at once.
 
 use std::time::{Duration, SystemTime};
 
@@ -20,6 +24,7 @@ use crate::datastore::Backend;
 use crate::datastore::open::{datastore_kind, etcd_config, presents_kubernetes_token};
 use crate::plugin::context::Context;
 use crate::plugin::status_cache::{Answer, Cache, Due, Key, due};
+use crate::plugin::status_watch::{self, Report, Verdict};
 
 /// How long the check between full checks waits for a datastore endpoint
 /// to accept a connection.
@@ -45,6 +50,19 @@ pub async fn cmd_status(ctx: &Context) -> Result<()> {
     } else {
         key(ctx).await
     };
+    // What the node's datastore watcher knows for certain is the answer.
+    if remote
+        && let Some(Report {
+            verdict: Verdict::NotReady(why),
+            ..
+        }) = watcher_report(ctx, &cache, SystemTime::now()).await
+    {
+        cache.forget();
+        tracing::debug!("STATUS not ready by the datastore watch's report");
+        return Err(Error::not_available(format!(
+            "the datastore watch on this node reports: {why}"
+        )));
+    }
     match &key {
         Some(key) => match from_cache(ctx, &cache, key, windows).await {
             Ok(()) => return Ok(()),
@@ -94,6 +112,25 @@ async fn from_cache(
     between_full_checks(ctx)
         .await
         .map_err(|why| format!("{why} (the kept answer is {age_ms} ms old)"))?;
+    // The node's datastore watcher, when it runs and reports on this
+    // network's API server, stands for the probe (and tells at once of
+    // what only the server sees).
+    match watcher_report(ctx, cache, now).await {
+        Some(Report {
+            verdict: Verdict::Unknown(why) | Verdict::NotReady(why),
+            ..
+        }) => return Err(format!("the datastore watch reports: {why}")),
+        Some(report) if probe.is_some() => {
+            keep(cache, &answer.probed(now));
+            tracing::debug!(
+                age_ms,
+                watch_report_age_ms = unix_ms(now).saturating_sub(report.at_ms),
+                "STATUS answered from the cache, confirmed by the datastore watch"
+            );
+            return Ok(());
+        }
+        _ => {}
+    }
     let Some(since) = probe else {
         tracing::debug!(age_ms, "STATUS answered from the cache");
         return Ok(());
@@ -109,6 +146,22 @@ async fn from_cache(
         "STATUS answered from the cache, confirmed by a probe"
     );
     Ok(())
+}
+
+/// The datastore watcher's report beside the cache, when one stands for
+/// this call's API server (the Kubernetes datastore only).
+async fn watcher_report(ctx: &Context, cache: &Cache, now: SystemTime) -> Option<Report> {
+    let (conf, vars) = (&ctx.req.conf, &ctx.req.env.vars);
+    if datastore_kind(conf, vars).ok()? != Backend::Kubernetes {
+        return None;
+    }
+    let server = ctx.k8s().await.ok()?.server().to_string();
+    status_watch::load(cache.dir())?.standing(&server, now)
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Keeps `answer` (a failure is logged: the next call checks afresh).

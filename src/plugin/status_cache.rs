@@ -213,6 +213,11 @@ impl Cache {
         }
     }
 
+    /// The directory of every network's answers.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn answer_path(&self) -> PathBuf {
         self.dir.join(format!("{}.json", self.network))
     }

@@ -213,6 +213,28 @@ async fn add_takes_its_steps_in_order() {
     assert_eq!(records[0].spec.interface_name, VETH);
 }
 
+/// The MTU calico/node writes (`/var/lib/calico/mtu`, here the config's
+/// `mtu_file`) is the pod's and is reported on its interface, as Calico's
+/// result has it; with neither file nor `mtu`, no `mtu` is reported.
+#[tokio::test(flavor = "current_thread")]
+async fn add_reports_the_mtu_the_node_file_gives() {
+    let node = Node::new();
+    let result = node.add(CID, "eth0").await.unwrap();
+    assert_eq!(result.interfaces[1].mtu, None);
+    node.del(CID, "eth0").await.unwrap();
+
+    std::fs::write(node.dir.path().join("mtu"), "1400\n").unwrap();
+    node.clear();
+    let result = node.add(CID, "eth0").await.unwrap();
+    assert_eq!(result.interfaces[1].mtu, Some(1400));
+    assert_eq!(result.interfaces[0].mtu, None);
+    let veth = format!("dataplane host: create veth {VETH} peer eth0 mtu 1400");
+    node.at(&veth);
+    // A repeat ADD of the same container answers from the record alike.
+    let again = node.add(CID, "eth0").await.unwrap();
+    assert_eq!(again.interfaces[1].mtu, Some(1400));
+}
+
 /// A leftover host veth of the pod's name is not touched ahead: the pair
 /// is then made as Calico makes it, the leftover removed first, while the
 /// IPAM allocates.

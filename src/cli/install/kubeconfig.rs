@@ -85,9 +85,10 @@ impl InCluster {
         dir.join("token").is_file()
     }
 
-    /// A fresh token for the CNI's ServiceAccount (TokenRequest); where the
-    /// API server has no TokenRequest for it, the pod's own token.
-    pub async fn mint(&self, deadline: Instant) -> Result<Token, KubeconfigError> {
+    /// The pod's namespace, its own token (read now: kubelet rotates it),
+    /// and the client config with which it acts (`KUBECONFIG`'s instead,
+    /// when set).
+    pub fn own_credentials(&self) -> Result<(String, String, K8sConfig), KubeconfigError> {
         let namespace = read(&self.dir.join("namespace"))?.trim().to_string();
         let own = read(&self.dir.join("token"))?.trim().to_string();
         let conf = match &self.kubeconfig {
@@ -102,6 +103,13 @@ impl InCluster {
                 ..K8sConfig::default()
             },
         };
+        Ok((namespace, own, conf))
+    }
+
+    /// A fresh token for the CNI's ServiceAccount (TokenRequest); where the
+    /// API server has no TokenRequest for it, the pod's own token.
+    pub async fn mint(&self, deadline: Instant) -> Result<Token, KubeconfigError> {
+        let (namespace, own, conf) = self.own_credentials()?;
         let failed = |source| KubeconfigError::Token {
             namespace: namespace.clone(),
             service_account: self.service_account.clone(),

@@ -14,6 +14,7 @@
 //! `<root>/etc/cni/net.d`. `CNI_NET_DIR` is where the node's runtime sees
 //! that last directory (the paths written into the config).
 
+pub mod datastore_watch;
 pub mod files;
 pub mod kubeconfig;
 pub mod settings;

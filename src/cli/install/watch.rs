@@ -7,7 +7,8 @@
 //! the etcd TLS files copied again) when the template file, calico-node's
 //! MTU file or the TLS files change: they are looked at every second.
 //! Every file is replaced atomically, so a plugin call in between reads
-//! the old or the new one.
+//! the old or the new one. In a pod it also follows the datastore for
+//! STATUS (`datastore_watch`).
 
 use std::time::{Duration, SystemTime};
 
@@ -92,6 +93,14 @@ pub async fn watch(
     installed: Installed,
     progress: &Progress,
 ) -> Result<(), InstallError> {
+    if let Some(cluster) = &settings.in_cluster {
+        let dir = super::datastore_watch::report_dir(settings);
+        progress.note(&format!(
+            "following the datastore for STATUS (its report in {})",
+            dir.display()
+        ));
+        tokio::spawn(super::datastore_watch::run(cluster.clone(), dir));
+    }
     let mut seen = inputs(settings);
     let mut renew_at = installed
         .token

@@ -1,5 +1,5 @@
 //! The client's error: what kind of failure a request met (the config, refused
-//! credentials, the API, a timeout, a conflict, an object that exists, a
+//! credentials, a request they may not make, the API, a timeout, a conflict, an object that exists, a
 //! resource not served).
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -9,6 +9,9 @@ pub enum K8sError {
     /// 401: the credentials were rejected.
     #[error("{0}")]
     Unauthorized(String),
+    /// 403: the credentials are accepted but not allowed this.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     Api(String),
     /// The deadline passed, or the server did not answer in time.

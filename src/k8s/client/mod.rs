@@ -12,7 +12,8 @@
 //! told with them), `transport` (HTTPS, HTTP/2 by ALPN, the bearer token on
 //! every request), `requests` (one request, its retries and kube's errors; GET, list,
 //! create, replace, delete), `resources` (the pods, namespaces, nodes and
-//! Calico objects read and patched).
+//! Calico objects read and patched), `watch` (one object followed: a list,
+//! then watches from its resourceVersion).
 
 mod credentials;
 mod errors;
@@ -20,6 +21,7 @@ mod groups;
 mod requests;
 mod resources;
 mod transport;
+mod watch;
 
 use kube::config::KubeConfigOptions;
 use secrecy::ExposeSecret;
@@ -35,6 +37,7 @@ pub use errors::K8sError;
 pub use groups::{CALICO_CRD_GROUP, CALICO_CRD_VERSION, CALICO_V3_GROUP, CalicoApiGroup};
 pub use requests::{Freshness, REQUEST_TIMEOUT, segment};
 use transport::{api_root, build_client};
+pub use watch::Watched;
 
 /// A Kubernetes client bound to one invocation's deadline. It remembers
 /// the pods it read or patched (shared by its clones), so that whoever reads

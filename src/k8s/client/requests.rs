@@ -97,6 +97,9 @@ impl K8sClient {
             kube::Error::Api(status) if status.code == 409 => {
                 K8sError::Conflict(format!("{what}: {}", status.message))
             }
+            kube::Error::Api(status) if status.code == 403 => {
+                K8sError::Forbidden(format!("{what}: {} (403)", status.message))
+            }
             kube::Error::Api(status) => {
                 K8sError::Api(format!("{what}: {} ({})", status.message, status.code))
             }

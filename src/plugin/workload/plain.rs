@@ -49,7 +49,7 @@ impl Workload for PlainContainer {
         tracing::debug!("datastore ready");
         let existing = existing?;
         if let Some(wep) = existing {
-            return join_existing(ctx, wep).await.map(AddPlan::Done);
+            return join_existing(ctx, wep, mtu).await.map(AddPlan::Done);
         }
         let name = ctx.endpoint_name()?;
         let mut wep = WorkloadEndpoint::new(&ctx.namespace, &name);
@@ -110,7 +110,7 @@ fn mesos_labels(args: &serde_json::Map<String, Value>, wep: &mut WorkloadEndpoin
 /// The same container joins again (repeat ADD, or another network): the
 /// profile is added, the result rebuilt from the endpoint; no IPAM, no
 /// networking.
-async fn join_existing(ctx: &Context, mut wep: WorkloadEndpoint) -> Result<CniResult> {
+async fn join_existing(ctx: &Context, mut wep: WorkloadEndpoint, mtu: u32) -> Result<CniResult> {
     tracing::info!(endpoint = %wep.metadata.name, "endpoint already exists; reusing it");
     let profile = ctx.req.conf.name.clone();
     if !wep.spec.profiles.contains(&profile) {
@@ -133,7 +133,8 @@ async fn join_existing(ctx: &Context, mut wep: WorkloadEndpoint) -> Result<CniRe
             })
         })
         .collect::<Result<_>>()?;
-    let mut result = endpoint_result(ctx, &wep.spec.interface_name, &wep.spec.mac, &ips, None);
+    let spec = &wep.spec;
+    let mut result = endpoint_result(ctx, (&spec.interface_name, &spec.mac, mtu), &ips, None);
     result.interfaces[1].name = wep.spec.endpoint.clone();
     Ok(result)
 }
