@@ -5,6 +5,7 @@
 #   scripts/node-cni-cost.sh idle [SECONDS]   an idle node (default 180 s): how
 #                 often the plugin is exec'd (STATUS, with cniVersion 1.1.0),
 #                 and per call and per minute: API requests, CPU ms, bytes
+#                 (COST_BYTES=0: no bytes, the kubeconfig left as it is)
 #   scripts/node-cni-cost.sh wrap             every exec of the node's CNI
 #                 binaries (calico, calico-ipam, portmap, loopback...) timed
 #                 from now on (/usr/bin/time: wall, user, sys, peak RSS,
@@ -17,8 +18,10 @@
 #                 as they were
 #
 # API requests are counted from the API server's audit log (the test bed
-# logs every request of the plugin's identity, calico-cni-plugin:
-# testbed/audit-policy.yaml), bytes by the proxy (TLS included).
+# logs every request of the plugin's identity, calico-cni-plugin, and of
+# calico-node's, of which those with our user agent are the datastore watch
+# `calico install --watch` keeps for STATUS: testbed/audit-policy.yaml),
+# bytes by the proxy (TLS included; the plugin's only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -66,8 +69,13 @@ WRAPPER
     echo "$(basename "$f") $target" >>"$measured/links"
     ln -sfn "$measured/real/$(basename "$target")" "$f"
   done
-  # The plugin's API traffic through the counting relay.
+  # The plugin's API traffic through the counting relay (COST_BYTES=0: not,
+  # and no bytes counted: the kubeconfig then names the server the
+  # datastore watch of `calico install --watch` reports on, so its report
+  # stands for STATUS's probe as on a node without the relay).
   cp "$cni_conf/calico-kubeconfig" "$measured/calico-kubeconfig.orig"
+  echo '{"connections": 0, "bytes_up": 0, "bytes_down": 0}' >"$measured/bytes.json"
+  [ "${COST_BYTES:-1}" = 0 ] && { : >"$measured/proxy.pid"; return 0; }
   local server
   server=$(grep -o 'server: https://[^ ]*' "$cni_conf/calico-kubeconfig" | head -1 | cut -d/ -f3)
   setsid python3 "$root/scripts/count-proxy.py" "$proxy_port" "$server" "$measured/bytes.json" \
@@ -94,7 +102,9 @@ unwrap() {
   done <"$measured/links"
   cp "$measured/calico-kubeconfig.orig" "$cni_conf/calico-kubeconfig.tmp"
   mv -f "$cni_conf/calico-kubeconfig.tmp" "$cni_conf/calico-kubeconfig"
-  kill "$(cat "$measured/proxy.pid")" 2>/dev/null || true
+  local pid
+  pid=$(cat "$measured/proxy.pid")
+  [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
   rm -rf "$measured/real"
 }
 
@@ -117,22 +127,35 @@ for line in open(calls_path):
                       "rss_kb": int(rss), "start": float(start), "requests": 0})
 import datetime
 requests = []
+seen = set()
+watcher = 0
 for line in open(audit_path):
     e = json.loads(line)
-    t = datetime.datetime.fromisoformat(e["stageTimestamp"].replace("Z", "+00:00")).timestamp()
-    if since <= t <= until and e.get("stage") == "ResponseComplete":
-        requests.append(e)
-        # The call it came from: of those running when the server received
-        # it, the last to start (calico-ipam's, inside calico's).
-        r = datetime.datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
-        running = [c for c in calls if c["start"] - 0.01 <= r <= c["start"] + c["wall"] + 0.01]
-        if running:
-            max(running, key=lambda c: c["start"])["requests"] += 1
+    user = e.get("user", {}).get("username", "")
+    # calico-node's identity: only what our `calico install --watch` sends
+    # (our user agent), not Felix's.
+    ours = user.endswith(":calico-cni-plugin") or "calico-cni" in e.get("userAgent", "")
+    # One request once (a watch logs ResponseStarted, then ResponseComplete
+    # when it ends), counted when the server received it.
+    r = datetime.datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+    if not ours or not since <= r <= until or e["auditID"] in seen:
+        continue
+    seen.add(e["auditID"])
+    requests.append(e)
+    if not user.endswith(":calico-cni-plugin"):
+        watcher += 1
+        continue
+    # The call it came from: of those running when the server received
+    # it, the last to start (calico-ipam's, inside calico's).
+    running = [c for c in calls if c["start"] - 0.01 <= r <= c["start"] + c["wall"] + 0.01]
+    if running:
+        max(running, key=lambda c: c["start"])["requests"] += 1
 by_cmd = {}
 for c in calls:
     by_cmd.setdefault(c["cmd"], []).append(c)
 b = json.load(open(bytes_path))
 out = {"seconds": round(until - since, 1), "calls": {}, "api_requests": len(requests),
+       "api_requests_of_the_install_watch": watcher,
        "api_requests_per_minute": round(len(requests) / minutes, 2) if minutes else None,
        "requests_by_verb": {}, "bytes": b}
 for r in requests:
@@ -155,7 +178,8 @@ for cmd, c in out["calls"].items():
     print(f'{cmd:22} {c["count"]:5} calls  {c["per_minute"]:6}/min  cpu {c["cpu_ms_mean"]:7} ms mean '
           f'(p50 {c["cpu_ms_p50"]})  wall {c["wall_ms_mean"]} ms  rss {c["peak_rss_kb_max"]} kB  '
           f'API requests {c["api_requests"]}', file=sys.stderr)
-print(f'API requests {len(requests)} ({out["api_requests_per_minute"]}/min, {out.get("api_requests_per_call")}/call): '
+print(f'API requests {len(requests)} ({out["api_requests_per_minute"]}/min, {out.get("api_requests_per_call")}/call; '
+      f'{watcher} of them by calico install --watch): '
       f'{out["requests_by_verb"]}; bytes {b["bytes_up"]} up {b["bytes_down"]} down over {b["connections"]} connections',
       file=sys.stderr)
 PY

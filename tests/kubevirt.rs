@@ -179,7 +179,7 @@ fn a_vm_keeps_its_address_until_it_is_deleted() {
     assert_eq!(active["vmi-uid"], json!(vmi_uid));
     assert_eq!(active["vm-uid"], json!(vm_uid));
     assert_eq!(active["node"], json!(v.w.node));
-    assert!(attr.get("alternate").is_none(), "{attr}");
+    assert!(attr.get("alternateOwnerAttrs").is_none(), "{attr}");
     // No handle of the container.
     assert!(v.w.handle(&format!("net1.{cid_a}")).is_none());
 
@@ -215,8 +215,8 @@ fn a_vm_keeps_its_address_until_it_is_deleted() {
     );
     let attr = v.attribute(ip).unwrap();
     assert_eq!(pod_owner(&attr["secondary"]), (Some(b), Some(ns.as_str())));
-    assert_eq!(pod_owner(&attr["alternate"]), (Some(c), Some(ns.as_str())));
-    assert_eq!(attr["alternate"]["vmim-uid"], json!("mig-1"));
+    assert_eq!(pod_owner(&attr["alternateOwnerAttrs"]), (Some(c), Some(ns.as_str())));
+    assert_eq!(attr["alternateOwnerAttrs"]["vmim-uid"], json!("mig-1"));
 
     // GC with neither pod among the valid attachments: the VM's handle is no container's.
     let gc = json!([{"containerID": "someone-else", "ifname": "eth0"}]);
@@ -241,7 +241,7 @@ fn a_vm_keeps_its_address_until_it_is_deleted() {
     v.ipam("DEL", b, &cid_b).assert_ok();
     let attr = v.attribute(ip).unwrap();
     assert_eq!(pod_owner(&attr["secondary"]), (Some(c), Some(ns.as_str())));
-    assert!(attr.get("alternate").is_none(), "{attr}");
+    assert!(attr.get("alternateOwnerAttrs").is_none(), "{attr}");
 
     // The VM is deleted: the last pod's DEL releases the address.
     v.delete("virtualmachines", "vm1");
@@ -263,8 +263,8 @@ fn swap_owners(v: &Vms, ip: IpAddr) {
         let index = b["spec"]["allocations"][ordinal].as_u64().unwrap() as usize;
         let attr = &mut b["spec"]["attributes"][index];
         let active = attr["secondary"].take();
-        attr["secondary"] = attr["alternate"].take();
-        attr["alternate"] = active;
+        attr["secondary"] = attr["alternateOwnerAttrs"].take();
+        attr["alternateOwnerAttrs"] = active;
         v.w.update::<calico_cni::datastore::ipam_model::IpamBlock>(b);
         return;
     }
@@ -291,7 +291,7 @@ fn aborted_migrations_missing_and_standalone_vmis() {
     v.ipam("DEL", t, &cid_t).assert_ok();
     let attr = v.attribute(ip).expect("kept: the source still runs");
     assert_eq!(pod_owner(&attr["secondary"]), (Some(a), Some(ns.as_str())));
-    assert!(attr.get("alternate").is_none(), "{attr}");
+    assert!(attr.get("alternateOwnerAttrs").is_none(), "{attr}");
     // A DEL again (a runtime retrying): nothing changes.
     v.ipam("DEL", t, &cid_t).assert_ok();
     assert!(v.attribute(ip).is_some());
@@ -447,4 +447,111 @@ fn a_migration_target_gets_no_host_route() {
     plugin("DEL", s, &cid_s, &ns_s).assert_ok();
     assert!(v.attribute(ip).is_none());
     assert!(routes_to(ip).is_empty());
+}
+
+/// An allocation's attribute entry as it compares between two binaries'
+/// runs: the timestamps dropped (each owner's), the rest as stored.
+fn comparable_attribute(attr: &Value) -> Value {
+    let mut attr = attr.clone();
+    for slot in ["secondary", "alternateOwnerAttrs"] {
+        if let Some(owner) = attr.get_mut(slot).and_then(Value::as_object_mut) {
+            owner.remove("timestamp");
+        }
+    }
+    attr
+}
+
+/// Calico v3.32.1's calico-ipam and ours through Calico's own KubeVirt
+/// specs (its suite's "live migration" and "should release handle when
+/// both owners are deleted with VM deleting", source first and target
+/// first): the same VM, VMI and pods for each binary in turn; the source
+/// ADDed, the migration target ADDed (the same addresses, no routes, the
+/// target the alternate owner with pod, namespace, VMI name and UID, VMIM
+/// UID and VM UID), the VM deleted, then the two pods' DELs in either
+/// order: after each step the stored attribute entry is the one Calico's
+/// binary stores, and the handle goes with the last owner.
+#[test]
+fn a_migration_is_stored_and_released_as_calicos_binary_does() {
+    let test = "a_migration_is_stored_and_released_as_calicos_binary_does";
+    let Some(v) = Vms::new(test) else { return };
+    let Some(calico) = common::testbed::peer(test, "calico-v3.32.1/calico-ipam") else {
+        return;
+    };
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let ns = v.ns.name.clone();
+    let ours = v.w.bin.join("calico-ipam");
+    let mut conf = v.w.conf();
+    conf["nodename_file_optional"] = json!(true);
+    let run = |binary: &std::path::Path, verb: &str, pod: &str, cid: &str| -> Outcome {
+        let mut env = env_of(&[
+            ("CNI_COMMAND", verb),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", "/var/run/netns/not-needed"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", &v.w.bin.display().to_string()),
+        ]);
+        env.insert("CNI_ARGS".into(), format!("IgnoreUnknown=1;{}", v.args(pod, cid)));
+        exec(&binary.display().to_string(), &env, &conf.to_string())
+    };
+    for source_first in [true, false] {
+        let mut seen: Vec<Vec<Value>> = Vec::new();
+        for (who, binary) in [("Calico's", calico.as_path()), ("ours", ours.as_path())] {
+            let vm = format!("vm-{}-{}", u8::from(source_first), seen.len());
+            let vm_uid = v.vm(&vm);
+            let vmi_uid = v.vmi(&vm, Some((&vm, &vm_uid)));
+            let (src, cid_s) = (format!("virt-launcher-{vm}-source"), container_id());
+            let (tgt, cid_t) = (format!("virt-launcher-{vm}-target"), container_id());
+            v.launcher(&src, (&vm, &vmi_uid), None);
+            v.launcher(&tgt, (&vm, &vmi_uid), Some("mig-uid-1"));
+            let what = format!("{who} (source first: {source_first})");
+            let mut steps = Vec::new();
+
+            let r = run(binary, "ADD", &src, &cid_s);
+            assert_eq!(r.code, 0, "{what}: source ADD {r:?}");
+            let ip = address(&r.json(), 0).addr();
+            let t = run(binary, "ADD", &tgt, &cid_t);
+            assert_eq!(t.code, 0, "{what}: target ADD {t:?}");
+            let t = t.json();
+            assert_eq!(address(&t, 0).addr(), ip, "{what}: {t}");
+            assert!(
+                t.get("routes")
+                    .is_none_or(|r| r.as_array().unwrap().is_empty()),
+                "{what}: a target gets no routes: {t}"
+            );
+            steps.push(comparable_attribute(&v.attribute(ip).unwrap()));
+            v.delete("virtualmachines", &vm);
+            let order = if source_first {
+                [(&src, &cid_s), (&tgt, &cid_t)]
+            } else {
+                [(&tgt, &cid_t), (&src, &cid_s)]
+            };
+            let (first, second) = (order[0], order[1]);
+            let out = run(binary, "DEL", first.0, first.1);
+            assert_eq!(out.code, 0, "{what}: first DEL {out:?}");
+            steps.push(comparable_attribute(
+                &v.attribute(ip)
+                    .unwrap_or_else(|| panic!("{what}: released with an owner left")),
+            ));
+            let out = run(binary, "DEL", second.0, second.1);
+            assert_eq!(out.code, 0, "{what}: second DEL {out:?}");
+            assert!(v.attribute(ip).is_none(), "{what}: not released with the VM");
+            assert!(v.w.handle(&v.handle(&vm)).is_none(), "{what}: the handle stayed");
+            v.release("virtualmachines", &vm);
+            // The names that differ between the two runs, made alike.
+            let text = serde_json::to_string(&steps)
+                .unwrap()
+                .replace(&vm_uid, "<vm-uid>")
+                .replace(&vmi_uid, "<vmi-uid>")
+                .replace(&vm, "<vm>");
+            seen.push(serde_json::from_str(&text).unwrap());
+        }
+        assert_eq!(
+            seen[1], seen[0],
+            "source first: {source_first}: ours {:#} Calico's {:#}",
+            json!(seen[1]),
+            json!(seen[0])
+        );
+        let target = &seen[0][0]["alternateOwnerAttrs"];
+        assert_eq!(pod_owner(target).1, Some(ns.as_str()), "{:#}", seen[0][0]);
+    }
 }

@@ -216,8 +216,14 @@ pub struct AllocationAttribute {
     #[serde(rename = "secondary", skip_serializing_if = "BTreeMap::is_empty")]
     pub secondary: BTreeMap<String, String>,
     /// A second owner's (a KubeVirt migration target's pod: Calico's
-    /// AlternateOwnerAttrs).
-    #[serde(rename = "alternate", skip_serializing_if = "BTreeMap::is_empty")]
+    /// AlternateOwnerAttrs, stored as Calico v3.32.1's binary stores it,
+    /// `alternateOwnerAttrs`; `alternate`, which earlier builds of ours
+    /// wrote, is read too).
+    #[serde(
+        rename = "alternateOwnerAttrs",
+        alias = "alternate",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub alternate: BTreeMap<String, String>,
     /// When the addresses pointing here were released: they cool down
     /// (IPAMConfig `ipCooldownSeconds`) before they are free again.
@@ -452,6 +458,26 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// The migration target's attributes under Calico v3.32.1's name
+    /// (what its binary stores, tests/kubevirt.rs); ours of before read.
+    #[test]
+    fn the_alternate_owner_is_calicos_alternate_owner_attrs() {
+        let attr = AllocationAttribute {
+            handle_id: Some("net1.vmi.ns.vm".into()),
+            alternate: BTreeMap::from([("pod".into(), "p".into())]),
+            ..AllocationAttribute::default()
+        };
+        let v = serde_json::to_value(&attr).unwrap();
+        assert_eq!(
+            v,
+            json!({"handle_id": "net1.vmi.ns.vm", "alternateOwnerAttrs": {"pod": "p"}})
+        );
+        let old: AllocationAttribute =
+            serde_json::from_value(json!({"handle_id": "net1.vmi.ns.vm", "alternate": {"pod": "p"}}))
+                .unwrap();
+        assert_eq!(old, attr);
+    }
 
     #[test]
     fn hostname_hash_matches_calico() {
