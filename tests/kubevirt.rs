@@ -215,7 +215,10 @@ fn a_vm_keeps_its_address_until_it_is_deleted() {
     );
     let attr = v.attribute(ip).unwrap();
     assert_eq!(pod_owner(&attr["secondary"]), (Some(b), Some(ns.as_str())));
-    assert_eq!(pod_owner(&attr["alternateOwnerAttrs"]), (Some(c), Some(ns.as_str())));
+    assert_eq!(
+        pod_owner(&attr["alternateOwnerAttrs"]),
+        (Some(c), Some(ns.as_str()))
+    );
     assert_eq!(attr["alternateOwnerAttrs"]["vmim-uid"], json!("mig-1"));
 
     // GC with neither pod among the valid attachments: the VM's handle is no container's.
@@ -490,7 +493,10 @@ fn a_migration_is_stored_and_released_as_calicos_binary_does() {
             ("CNI_IFNAME", "eth0"),
             ("CNI_PATH", &v.w.bin.display().to_string()),
         ]);
-        env.insert("CNI_ARGS".into(), format!("IgnoreUnknown=1;{}", v.args(pod, cid)));
+        env.insert(
+            "CNI_ARGS".into(),
+            format!("IgnoreUnknown=1;{}", v.args(pod, cid)),
+        );
         exec(&binary.display().to_string(), &env, &conf.to_string())
     };
     for source_first in [true, false] {
@@ -528,14 +534,20 @@ fn a_migration_is_stored_and_released_as_calicos_binary_does() {
             let (first, second) = (order[0], order[1]);
             let out = run(binary, "DEL", first.0, first.1);
             assert_eq!(out.code, 0, "{what}: first DEL {out:?}");
-            steps.push(comparable_attribute(
-                &v.attribute(ip)
-                    .unwrap_or_else(|| panic!("{what}: released with an owner left")),
-            ));
+            steps
+                .push(comparable_attribute(&v.attribute(ip).unwrap_or_else(
+                    || panic!("{what}: released with an owner left"),
+                )));
             let out = run(binary, "DEL", second.0, second.1);
             assert_eq!(out.code, 0, "{what}: second DEL {out:?}");
-            assert!(v.attribute(ip).is_none(), "{what}: not released with the VM");
-            assert!(v.w.handle(&v.handle(&vm)).is_none(), "{what}: the handle stayed");
+            assert!(
+                v.attribute(ip).is_none(),
+                "{what}: not released with the VM"
+            );
+            assert!(
+                v.w.handle(&v.handle(&vm)).is_none(),
+                "{what}: the handle stayed"
+            );
             v.release("virtualmachines", &vm);
             // The names that differ between the two runs, made alike.
             let text = serde_json::to_string(&steps)
@@ -546,7 +558,8 @@ fn a_migration_is_stored_and_released_as_calicos_binary_does() {
             seen.push(serde_json::from_str(&text).unwrap());
         }
         assert_eq!(
-            seen[1], seen[0],
+            seen[1],
+            seen[0],
             "source first: {source_first}: ours {:#} Calico's {:#}",
             json!(seen[1]),
             json!(seen[0])

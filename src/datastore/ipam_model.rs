@@ -473,9 +473,10 @@ mod tests {
             v,
             json!({"handle_id": "net1.vmi.ns.vm", "alternateOwnerAttrs": {"pod": "p"}})
         );
-        let old: AllocationAttribute =
-            serde_json::from_value(json!({"handle_id": "net1.vmi.ns.vm", "alternate": {"pod": "p"}}))
-                .unwrap();
+        let old: AllocationAttribute = serde_json::from_value(
+            json!({"handle_id": "net1.vmi.ns.vm", "alternate": {"pod": "p"}}),
+        )
+        .unwrap();
         assert_eq!(old, attr);
     }
 

@@ -1,0 +1,926 @@
+//! A cluster simulated on one machine: N nodes sharing one IPAM on the test
+//! bed's API server (or its etcd cluster), pods ADDed and DELed through
+//! the CNI exec contract of the real `calico-ipam` binary — ours, and
+//! Calico v3.32.1's as the control — with every answer recorded and
+//! checked: no address held by two live pods at once, nothing left in the
+//! pool after the churn. Each simulated node has its own nodename, state
+//! directory (`local_datastore_path`, and so the release journal and
+//! STATUS's cache beside it), IPAM lock file and log, as on its own
+//! machine. The kernel part (the veth pair, routes) is not simulated: the
+//! IPAM plugin is exec'd directly, which is where addresses are shared
+//! between nodes; the kernel part's cost is the plugin bench's.
+//!
+//!     eval "$(bash scripts/testbed.sh env)"
+//!     cargo run --release --example cluster_scale -- --backend kdd --nodes 50 --ops 2000
+//!
+//! Options: `--backend kdd|etcd`, `--nodes N` (default 20), `--ops M` ADDs
+//! and DELs in all (default 1000), `--pods P` live pods a node aims at
+//! (default 10), `--concurrency C` calls in flight (default 8), `--pool
+//! CIDR` (default: a free /22 of 100.96.0.0/12) with `--block-size B`
+//! (default 26: a /22 is 16 blocks, fewer than the nodes, so nodes borrow),
+//! `--strict-affinity` (IPAMConfig strictAffinity for the run: no
+//! borrowing; restored after), `--binary ours|calico|both` (default both),
+//! `--ours PATH` (default: the `calico` beside this example's build),
+//! `--kill-every K` (SIGKILL one plugin process in K while it runs; its pod
+//! is DELed again until a DEL succeeds, as kubelet does). Exits non-zero
+//! on a duplicate or a leak.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use calico_cni::datastore::etcd::EtcdStore;
+use calico_cni::datastore::ipam_model::{
+    BlockAffinity, IpPool, IpPoolSpec, IpamBlock, IpamHandle, Node,
+};
+use calico_cni::datastore::kubernetes::KubernetesStore;
+use calico_cni::datastore::{ListFilter, Precondition, Resource, Store};
+use calico_cni::etcd::{EtcdClient, EtcdConfig};
+use calico_cni::k8s::{K8sClient, K8sConfig};
+use ipnet::IpNet;
+use serde_json::{Value, json};
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Clone, Debug)]
+struct Options {
+    backend: String,
+    nodes: usize,
+    ops: usize,
+    pods: usize,
+    concurrency: usize,
+    pool: Option<IpNet>,
+    block_size: u8,
+    strict_affinity: bool,
+    binaries: Vec<String>,
+    ours: PathBuf,
+    kill_every: usize,
+    run: String,
+}
+
+fn options() -> Result<Options, Failure> {
+    let exe = std::env::current_exe()?;
+    let ours = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("calico"))
+        .ok_or("no directory of this example")?;
+    let mut o = Options {
+        backend: "kdd".into(),
+        nodes: 20,
+        ops: 1000,
+        pods: 10,
+        concurrency: 8,
+        pool: None,
+        block_size: 26,
+        strict_affinity: false,
+        binaries: vec!["calico".into(), "ours".into()],
+        ours,
+        kill_every: 0,
+        run: format!("{:x}", std::process::id()),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let value = args.get(i + 1).cloned().unwrap_or_default();
+        let mut step = 2;
+        match args[i].as_str() {
+            "--backend" => o.backend = value,
+            "--nodes" => o.nodes = value.parse()?,
+            "--ops" => o.ops = value.parse()?,
+            "--pods" => o.pods = value.parse()?,
+            "--concurrency" => o.concurrency = value.parse()?,
+            "--pool" => o.pool = Some(value.parse()?),
+            "--block-size" => o.block_size = value.parse()?,
+            "--strict-affinity" => {
+                o.strict_affinity = true;
+                step = 1;
+            }
+            "--binary" => {
+                o.binaries = match value.as_str() {
+                    "both" => vec!["calico".into(), "ours".into()],
+                    "ours" | "calico" => vec![value],
+                    other => return Err(format!("--binary ours|calico|both, not {other}").into()),
+                }
+            }
+            "--ours" => o.ours = value.into(),
+            "--kill-every" => o.kill_every = value.parse()?,
+            other => return Err(format!("unknown option {other}").into()),
+        }
+        i += step;
+    }
+    if !["etcd", "kdd"].contains(&o.backend.as_str()) {
+        return Err("--backend is etcd or kdd".into());
+    }
+    Ok(o)
+}
+
+fn var(name: &str) -> Result<String, Failure> {
+    std::env::var(name)
+        .map_err(|_| format!("{name} is not set: eval \"$(bash scripts/testbed.sh env)\"").into())
+}
+
+fn deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(6 * 3600)
+}
+
+/// The admin's view of the datastore (the run's pool, nodes and checks).
+async fn admin_store(backend: &str) -> Result<Arc<dyn Store>, Failure> {
+    Ok(match backend {
+        "etcd" => Arc::new(EtcdStore::new(EtcdClient::new(
+            &etcd_config()?,
+            deadline(),
+        )?)),
+        _ => {
+            let conf = K8sConfig {
+                kubeconfig: Some(var("KUBECONFIG")?.into()),
+                ..K8sConfig::default()
+            };
+            Arc::new(KubernetesStore::new(
+                K8sClient::new(&conf, deadline()).await?,
+                None,
+                None,
+            ))
+        }
+    })
+}
+
+fn etcd_config() -> Result<EtcdConfig, Failure> {
+    Ok(EtcdConfig {
+        endpoints: var("TESTBED_CALICO_ETCD_ENDPOINTS")?
+            .split(',')
+            .map(str::to_string)
+            .collect(),
+        ca_cert_file: Some(var("TESTBED_CALICO_ETCD_CA")?.into()),
+        cert_file: Some(var("TESTBED_CALICO_ETCD_CERT")?.into()),
+        key_file: Some(var("TESTBED_CALICO_ETCD_KEY")?.into()),
+        credentials: None,
+        discovery_srv: None,
+    })
+}
+
+/// One simulated node: its name and its own directory (state, lock, log).
+#[derive(Clone)]
+struct SimNode {
+    name: String,
+    dir: PathBuf,
+}
+
+/// The network config a node's plugin gets (the `calico` plugin's, whose
+/// IPAM section calico-ipam reads).
+fn network_config(o: &Options, node: &SimNode, pool: &IpNet) -> Result<Value, Failure> {
+    let mut conf = json!({
+        "cniVersion": "1.0.0",
+        "name": format!("sim-{}", o.run),
+        "type": "calico",
+        "nodename": node.name,
+        "nodename_file_optional": true,
+        "log_level": "warning",
+        "log_file_path": node.dir.join("cni.log"),
+        "local_datastore_path": node.dir.join("state/calico.db"),
+        "ipam_lock_file": node.dir.join("ipam.lock"),
+        "ipam": {"type": "calico-ipam", "ipv4_pools": [pool.to_string()]},
+    });
+    if o.backend == "etcd" {
+        conf["datastore_type"] = json!("etcdv3");
+        conf["etcd_endpoints"] = json!(var("TESTBED_CALICO_ETCD_ENDPOINTS")?);
+        conf["etcd_ca_cert_file"] = json!(var("TESTBED_CALICO_ETCD_CA")?);
+        conf["etcd_cert_file"] = json!(var("TESTBED_CALICO_ETCD_CERT")?);
+        conf["etcd_key_file"] = json!(var("TESTBED_CALICO_ETCD_KEY")?);
+    } else {
+        conf["datastore_type"] = json!("kubernetes");
+        conf["kubernetes"] = json!({"kubeconfig": var("CALICO_CNI_KUBECONFIG")?});
+    }
+    Ok(conf)
+}
+
+/// What one call did.
+#[derive(Debug, Clone)]
+struct Call {
+    add: bool,
+    node: usize,
+    cid: String,
+    started: Instant,
+    ended: Instant,
+    ok: bool,
+    killed: bool,
+    ip: Option<std::net::IpAddr>,
+    error: String,
+}
+
+/// A pod the churn holds.
+#[derive(Debug, Clone)]
+struct Live {
+    node: usize,
+    cid: String,
+}
+
+/// One exec of calico-ipam (`binary`), killed after `kill_after` if given.
+fn exec(
+    binary: &Path,
+    verb: &str,
+    cid: &str,
+    conf: &str,
+    kill_after: Option<Duration>,
+) -> (bool, bool, String) {
+    let mut child = Command::new(binary)
+        .env_clear()
+        .env("CNI_COMMAND", verb)
+        .env("CNI_CONTAINERID", cid)
+        .env("CNI_NETNS", "/var/run/netns/cluster-scale")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", binary.parent().unwrap())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("exec calico-ipam");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        let _ = stdin.write_all(conf.as_bytes());
+    }
+    let mut killed = false;
+    if let Some(after) = kill_after {
+        let end = Instant::now() + after;
+        while Instant::now() < end {
+            if child.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if child.try_wait().ok().flatten().is_none() {
+            let _ = child.kill();
+            killed = true;
+        }
+    }
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.success(),
+        killed,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// A small deterministic generator (the run is not about randomness).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// The churn with one binary: `o.ops` calls, `o.concurrency` at once; then
+/// every pod still live DELed. Every call recorded.
+fn churn(o: &Options, binary: &Path, nodes: &[SimNode], confs: &[String]) -> Vec<Call> {
+    let live: Arc<Mutex<Vec<Live>>> = Arc::default();
+    let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
+    let issued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seq = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let target = o.nodes * o.pods;
+    std::thread::scope(|s| {
+        for t in 0..o.concurrency {
+            let (live, calls, issued, seq) = (&live, &calls, &issued, &seq);
+            s.spawn(move || {
+                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1) * 0x1234_5678_9ABC);
+                loop {
+                    let n = issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if n >= o.ops {
+                        break;
+                    }
+                    // ADD while the cluster is below its aim (and now and
+                    // then above it), else DEL a live pod.
+                    let pod = {
+                        let mut l = live.lock().unwrap();
+                        let add = l.is_empty()
+                            || (l.len() < target && rng.below(4) != 0)
+                            || rng.below(8) == 0;
+                        if add {
+                            None
+                        } else {
+                            let i = rng.below(l.len());
+                            Some(l.swap_remove(i))
+                        }
+                    };
+                    let kill = |rng: &mut Rng| {
+                        (o.kill_every > 0 && rng.below(o.kill_every) == 0)
+                            .then(|| Duration::from_millis(1 + rng.below(40) as u64))
+                    };
+                    match pod {
+                        None => {
+                            let node = rng.below(nodes.len());
+                            let cid = format!(
+                                "sim{}{:08x}",
+                                o.run,
+                                seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                            );
+                            let started = Instant::now();
+                            let (ok, killed, out) =
+                                exec(binary, "ADD", &cid, &confs[node], kill(&mut rng));
+                            let ended = Instant::now();
+                            let ip = ok
+                                .then(|| serde_json::from_str::<Value>(&out).ok())
+                                .flatten()
+                                .and_then(|r| r["ips"][0]["address"].as_str().map(str::to_string))
+                                .and_then(|a| a.parse::<IpNet>().ok())
+                                .map(|n| n.addr());
+                            calls.lock().unwrap().push(Call {
+                                add: true,
+                                node,
+                                cid: cid.clone(),
+                                started,
+                                ended,
+                                ok: ok && ip.is_some(),
+                                killed,
+                                ip,
+                                error: if ok { String::new() } else { out },
+                            });
+                            // A failed or killed ADD is DELed by the runtime
+                            // (kubelet tears the sandbox down): kept live so
+                            // that a DEL comes for it.
+                            live.lock().unwrap().push(Live { node, cid });
+                        }
+                        Some(pod) => del_until_done(o, binary, confs, &pod, calls, &mut rng, kill),
+                    }
+                }
+            });
+        }
+    });
+    // Every pod still live goes.
+    let rest: Vec<Live> = std::mem::take(&mut *live.lock().unwrap());
+    let mut rng = Rng(42);
+    for pod in rest {
+        del_until_done(o, binary, confs, &pod, &calls, &mut rng, |_| None);
+    }
+    Arc::try_unwrap(calls).unwrap().into_inner().unwrap()
+}
+
+/// DELs `pod` until a DEL succeeds (as kubelet retries), each recorded.
+fn del_until_done(
+    _o: &Options,
+    binary: &Path,
+    confs: &[String],
+    pod: &Live,
+    calls: &Mutex<Vec<Call>>,
+    rng: &mut Rng,
+    kill: impl Fn(&mut Rng) -> Option<Duration>,
+) {
+    for attempt in 0.. {
+        let started = Instant::now();
+        let kill_after = if attempt < 3 { kill(rng) } else { None };
+        let (ok, killed, out) = exec(binary, "DEL", &pod.cid, &confs[pod.node], kill_after);
+        calls.lock().unwrap().push(Call {
+            add: false,
+            node: pod.node,
+            cid: pod.cid.clone(),
+            started,
+            ended: Instant::now(),
+            ok,
+            killed,
+            ip: None,
+            error: if ok { String::new() } else { out },
+        });
+        if ok {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Pairs of pods that held one address at once: a pod holds its address
+/// from its ADD's answer to its first DEL's start (a DEL may release before
+/// it answers), so a second ADD answered with that address in between is a
+/// duplicate.
+fn duplicates(calls: &[Call]) -> Vec<String> {
+    let mut first_del: HashMap<&str, Instant> = HashMap::new();
+    for c in calls.iter().filter(|c| !c.add) {
+        first_del
+            .entry(&c.cid)
+            .and_modify(|t| *t = (*t).min(c.started))
+            .or_insert(c.started);
+    }
+    let mut by_ip: BTreeMap<std::net::IpAddr, Vec<(Instant, Instant, &str)>> = BTreeMap::new();
+    for c in calls.iter().filter(|c| c.add && c.ok) {
+        let until = first_del
+            .get(c.cid.as_str())
+            .copied()
+            .unwrap_or_else(Instant::now);
+        by_ip
+            .entry(c.ip.unwrap())
+            .or_default()
+            .push((c.ended, until, &c.cid));
+    }
+    let mut found = Vec::new();
+    for (ip, mut holds) in by_ip {
+        holds.sort();
+        for w in holds.windows(2) {
+            let ((_, until, a), (from, _, b)) = (w[0], w[1]);
+            if from < until {
+                found.push(format!("{ip}: {a} and {b}"));
+            }
+        }
+    }
+    found
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// What the run left: addresses allocated in the pool's blocks, handles of
+/// the run, and the blocks claimed.
+async fn left(
+    o: &Options,
+    store: &dyn Store,
+    pool: &IpNet,
+) -> Result<(usize, usize, usize), Failure> {
+    let blocks: Vec<IpamBlock> = store
+        .list::<IpamBlock>("", &ListFilter::All)
+        .await?
+        .into_iter()
+        .filter(|b| {
+            b.spec
+                .cidr
+                .parse::<IpNet>()
+                .is_ok_and(|c| pool.contains(&c))
+        })
+        .collect();
+    let allocated = blocks
+        .iter()
+        .map(|b| b.spec.allocations.iter().filter(|a| a.is_some()).count())
+        .sum();
+    let prefix = format!("sim-{}.", o.run);
+    let handles = store
+        .list_names(IpamHandle::KIND, "")
+        .await?
+        .into_iter()
+        .filter(|h| h.starts_with(&prefix))
+        .count();
+    Ok((allocated, handles, blocks.len()))
+}
+
+/// Removes the run's blocks, affinities and handles (between binaries, and
+/// at the end).
+async fn clear(
+    o: &Options,
+    store: &dyn Store,
+    pool: &IpNet,
+    nodes: &[SimNode],
+) -> Result<(), Failure> {
+    let none = Precondition::default();
+    for b in store.list::<IpamBlock>("", &ListFilter::All).await? {
+        if b.spec
+            .cidr
+            .parse::<IpNet>()
+            .is_ok_and(|c| pool.contains(&c))
+        {
+            store
+                .delete_object(IpamBlock::KIND, "", &b.metadata.name, &none)
+                .await?;
+        }
+    }
+    let names: std::collections::HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    for a in store.list::<BlockAffinity>("", &ListFilter::All).await? {
+        if names.contains(a.spec.node.as_str()) {
+            store
+                .delete_object(BlockAffinity::KIND, "", &a.metadata.name, &none)
+                .await?;
+        }
+    }
+    let prefix = format!("sim-{}.", o.run);
+    for h in store.list_names(IpamHandle::KIND, "").await? {
+        if h.starts_with(&prefix) {
+            store.delete_object(IpamHandle::KIND, "", &h, &none).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A /22 (or the block size's share) of 100.96.0.0/12 no pool or block
+/// overlaps.
+async fn free_pool(store: &dyn Store) -> Result<IpNet, Failure> {
+    let mut taken: Vec<IpNet> = Vec::new();
+    for p in store.list::<IpPool>("", &ListFilter::All).await? {
+        taken.extend(p.spec.cidr.parse::<IpNet>().ok());
+    }
+    for b in store.list::<IpamBlock>("", &ListFilter::All).await? {
+        taken.extend(b.spec.cidr.parse::<IpNet>().ok());
+    }
+    let space: IpNet = "100.96.0.0/12".parse()?;
+    space
+        .subnets(22)?
+        .find(|c| {
+            !taken
+                .iter()
+                .any(|t| t.contains(&c.network()) || c.contains(&t.network()))
+        })
+        .ok_or_else(|| "no free /22 in 100.96.0.0/12".into())
+}
+
+/// The test bed's audit log: the CNI identity's requests received in
+/// [since, until], by verb and resource, and how many were answered 409.
+fn audited(
+    since: std::time::SystemTime,
+    until: std::time::SystemTime,
+) -> Option<(usize, BTreeMap<String, usize>, usize)> {
+    let path = Path::new(&std::env::var("TESTBED_DIR").ok()?).join("logs/audit.log");
+    let text = std::fs::read_to_string(path).ok()?;
+    let (mut total, mut by, mut conflicts) = (0, BTreeMap::new(), 0);
+    let mut seen = std::collections::HashSet::new();
+    let unix = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let (since, until) = (unix(since), unix(until));
+    for line in text.lines() {
+        let Ok(e) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if !e["user"]["username"]
+            .as_str()
+            .is_some_and(|u| u.ends_with(":calico-cni-plugin"))
+        {
+            continue;
+        }
+        let Some(at) = e["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(rfc3339_seconds)
+        else {
+            continue;
+        };
+        if at < since
+            || at > until
+            || !seen.insert(e["auditID"].as_str().unwrap_or_default().to_string())
+        {
+            continue;
+        }
+        total += 1;
+        let key = format!(
+            "{} {}",
+            e["verb"].as_str().unwrap_or_default(),
+            e["objectRef"]["resource"].as_str().unwrap_or("-")
+        );
+        *by.entry(key).or_insert(0) += 1;
+        if e["responseStatus"]["code"] == 409 {
+            conflicts += 1;
+        }
+    }
+    Some((total, by, conflicts))
+}
+
+/// The etcd cluster's KV requests so far (`grpc_server_handled_total` of
+/// `etcdserverpb.KV`, every member), by method: the run's are the
+/// difference (the cluster serves Calico's datastore alone).
+fn etcd_requests() -> Option<BTreeMap<String, usize>> {
+    let mut by = BTreeMap::new();
+    for endpoint in std::env::var("TESTBED_CALICO_ETCD_ENDPOINTS")
+        .ok()?
+        .split(',')
+    {
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "10", "--cacert"])
+            .arg(std::env::var("TESTBED_CALICO_ETCD_CA").ok()?)
+            .arg("--cert")
+            .arg(std::env::var("TESTBED_CALICO_ETCD_CERT").ok()?)
+            .arg("--key")
+            .arg(std::env::var("TESTBED_CALICO_ETCD_KEY").ok()?)
+            .arg(format!("{endpoint}/metrics"))
+            .output()
+            .ok()?;
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if !line.starts_with("grpc_server_handled_total{")
+                || !line.contains("grpc_service=\"etcdserverpb.KV\"")
+            {
+                continue;
+            }
+            let method = line.split("grpc_method=\"").nth(1)?.split('"').next()?;
+            let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
+            *by.entry(method.to_string()).or_insert(0) += count as usize;
+        }
+    }
+    Some(by)
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC time with fractions.
+fn rfc3339_seconds(s: &str) -> Option<f64> {
+    let (date, time) = s.trim_end_matches('Z').split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let mut t = time.split(':');
+    let (h, min, sec) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + sec)
+}
+
+/// One binary's row.
+struct Row {
+    who: String,
+    adds: usize,
+    dels: usize,
+    failed_adds: usize,
+    killed: usize,
+    add_ms: (f64, f64),
+    del_ms: (f64, f64),
+    per_second: f64,
+    requests: Option<(usize, BTreeMap<String, usize>, usize)>,
+    blocks: usize,
+    duplicates: Vec<String>,
+    leaked: (usize, usize),
+}
+
+async fn run_one(
+    o: &Options,
+    who: &str,
+    store: &dyn Store,
+    pool: &IpNet,
+    nodes: &[SimNode],
+) -> Result<Row, Failure> {
+    let bin = std::env::temp_dir().join(format!("cluster-scale-{}-{who}", o.run));
+    std::fs::create_dir_all(&bin)?;
+    let target = match who {
+        "ours" => o.ours.clone(),
+        _ => Path::new(&var("PEERS_BIN")?).join("calico-v3.32.1/calico-ipam"),
+    };
+    let binary = bin.join("calico-ipam");
+    let _ = std::fs::remove_file(&binary);
+    std::os::unix::fs::symlink(&target, &binary)?;
+    let confs: Vec<String> = nodes
+        .iter()
+        .map(|n| network_config(o, n, pool).map(|c| c.to_string()))
+        .collect::<Result<_, _>>()?;
+    let etcd_before = (o.backend == "etcd").then(etcd_requests).flatten();
+    let since = std::time::SystemTime::now();
+    let t0 = Instant::now();
+    let calls = {
+        let (o, binary, nodes, confs) = (o.clone(), binary.clone(), nodes.to_vec(), confs.clone());
+        tokio::task::spawn_blocking(move || churn(&o, &binary, &nodes, &confs)).await?
+    };
+    let took = t0.elapsed();
+    let until = std::time::SystemTime::now();
+    // Blocks claimed: counted before the run's objects are cleared.
+    let (allocated, handles, blocks) = left(o, store, pool).await?;
+    let ms = |add: bool| {
+        let mut v: Vec<f64> = calls
+            .iter()
+            .filter(|c| c.add == add && c.ok)
+            .map(|c| (c.ended - c.started).as_secs_f64() * 1e3)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        (percentile(&v, 0.5), percentile(&v, 0.99))
+    };
+    let failed: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.add && !c.ok && !c.killed)
+        .collect();
+    for c in failed.iter().take(3) {
+        eprintln!(
+            "cluster_scale {who}: ADD {} on node {} failed: {}",
+            c.cid,
+            c.node,
+            c.error.trim()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&bin);
+    Ok(Row {
+        who: who.to_string(),
+        adds: calls.iter().filter(|c| c.add).count(),
+        dels: calls.iter().filter(|c| !c.add).count(),
+        failed_adds: failed.len(),
+        killed: calls.iter().filter(|c| c.killed).count(),
+        add_ms: ms(true),
+        del_ms: ms(false),
+        per_second: calls.len() as f64 / took.as_secs_f64(),
+        requests: match (o.backend.as_str(), etcd_before) {
+            ("kdd", _) => audited(since, until),
+            (_, Some(before)) => etcd_requests().map(|after| {
+                let by: BTreeMap<String, usize> = after
+                    .into_iter()
+                    .map(|(m, n)| (m.clone(), n - before.get(&m).copied().unwrap_or(0)))
+                    .filter(|(_, n)| *n > 0)
+                    .collect();
+                // (etcd does not count a lost compare-and-swap apart.)
+                (by.values().sum(), by, 0)
+            }),
+            _ => None,
+        },
+        blocks,
+        duplicates: duplicates(&calls),
+        leaked: (allocated, handles),
+    })
+}
+
+async fn run(o: Options) -> Result<bool, Failure> {
+    let store = admin_store(&o.backend).await?;
+    let pool = match o.pool {
+        Some(p) => p,
+        None => free_pool(store.as_ref()).await?,
+    };
+    let mut ippool = IpPool::new(
+        &format!("sim-{}", o.run),
+        IpPoolSpec {
+            cidr: pool.to_string(),
+            block_size: o.block_size,
+            node_selector: "all()".into(),
+            allowed_uses: vec!["Workload".into(), "Tunnel".into()],
+            assignment_mode: "Manual".into(),
+            ..IpPoolSpec::default()
+        },
+    );
+    store.create(&mut ippool).await?;
+    let root = std::env::temp_dir().join(format!("cluster-scale-{}", o.run));
+    let nodes: Vec<SimNode> = (0..o.nodes)
+        .map(|i| SimNode {
+            name: format!("sim-{}-{i}", o.run),
+            dir: root.join(format!("node-{i}")),
+        })
+        .collect();
+    let admin = match o.backend.as_str() {
+        "kdd" => Some(
+            K8sClient::new(
+                &K8sConfig {
+                    kubeconfig: Some(var("KUBECONFIG")?.into()),
+                    ..K8sConfig::default()
+                },
+                deadline(),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
+    for n in &nodes {
+        std::fs::create_dir_all(n.dir.join("state"))?;
+        match &admin {
+            Some(k8s) => {
+                k8s.create_json(
+                    "Node",
+                    "/api/v1/nodes",
+                    &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name,
+                        "labels": {"calico-cni.test/cluster-scale": o.run}}}),
+                )
+                .await?;
+            }
+            None => {
+                let node = json!({"kind": "Node", "apiVersion": "projectcalico.org/v3",
+                    "metadata": {"name": n.name}, "spec": {}});
+                store.create_object(Node::KIND, node).await?;
+            }
+        }
+    }
+    println!(
+        "cluster_scale {}: {} nodes, {} calls, {} at once, pool {pool} (/{} blocks: {}), {} live pods a node aimed at{}{}",
+        o.backend,
+        o.nodes,
+        o.ops,
+        o.concurrency,
+        o.block_size,
+        1usize << (o.block_size - pool.prefix_len()),
+        o.pods,
+        if o.strict_affinity {
+            ", strictAffinity"
+        } else {
+            ""
+        },
+        if o.kill_every > 0 {
+            format!(", SIGKILL 1 call in {}", o.kill_every)
+        } else {
+            String::new()
+        },
+    );
+    let mut rows = Vec::new();
+    let mut result = Ok(());
+    for who in &o.binaries {
+        match run_one(&o, who, store.as_ref(), &pool, &nodes).await {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+        clear(&o, store.as_ref(), &pool, &nodes).await?;
+    }
+    // The run's objects go, whatever happened.
+    let none = Precondition::default();
+    for n in &nodes {
+        match &admin {
+            Some(k8s) => {
+                let _ = k8s
+                    .delete_json("Node", &format!("/api/v1/nodes/{}", n.name), None, None)
+                    .await;
+            }
+            None => {
+                let _ = store.delete_object(Node::KIND, "", &n.name, &none).await;
+            }
+        }
+    }
+    let _ = store
+        .delete_object(IpPool::KIND, "", &ippool.metadata().name, &none)
+        .await;
+    let _ = std::fs::remove_dir_all(&root);
+    result?;
+
+    println!(
+        "| binary | ADDs (failed, killed) | DELs | ADD p50/p99 ms | DEL p50/p99 ms | calls/s | API requests per ADD+DEL pair | 409s | blocks claimed | duplicates | leaked addresses/handles |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut clean = true;
+    for r in &rows {
+        let pairs = r.adds.max(1) as f64;
+        let requests = r.requests.as_ref().map_or("-".to_string(), |(n, _, _)| {
+            format!("{:.1}", *n as f64 / pairs)
+        });
+        let conflicts = r
+            .requests
+            .as_ref()
+            .map_or("-".to_string(), |(_, _, c)| c.to_string());
+        println!(
+            "| {} | {} ({}, {}) | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.0} | {} | {} | {} | {} | {} / {} |",
+            r.who,
+            r.adds,
+            r.failed_adds,
+            r.killed,
+            r.dels,
+            r.add_ms.0,
+            r.add_ms.1,
+            r.del_ms.0,
+            r.del_ms.1,
+            r.per_second,
+            requests,
+            conflicts,
+            r.blocks,
+            r.duplicates.len(),
+            r.leaked.0,
+            r.leaked.1
+        );
+        if let Some((_, by, _)) = &r.requests {
+            println!("  {} requests by verb and resource: {by:?}", r.who);
+        }
+        for d in r.duplicates.iter().take(5) {
+            println!("  {} DUPLICATE {d}", r.who);
+        }
+        clean &= r.duplicates.is_empty() && r.leaked == (0, 0);
+    }
+    if let [calico, ours] = &rows[..] {
+        println!(
+            "ours / Calico's: ADD p99 {:.2}, requests per pair {}",
+            ours.add_ms.1 / calico.add_ms.1.max(1e-9),
+            match (&ours.requests, &calico.requests) {
+                (Some((a, ..)), Some((b, ..))) => format!(
+                    "{:.2}",
+                    *a as f64
+                        / ours.adds.max(1) as f64
+                        / (*b as f64 / calico.adds.max(1) as f64).max(1e-9)
+                ),
+                _ => "-".into(),
+            }
+        );
+    }
+    Ok(clean)
+}
+
+fn main() {
+    let o = match options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("cluster_scale: {e}");
+            std::process::exit(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    match rt.block_on(run(o)) {
+        Ok(true) => {}
+        Ok(false) => {
+            eprintln!("cluster_scale: a duplicate or a leak");
+            std::process::exit(1);
+        }
+        Err(e) => {
+            eprintln!("cluster_scale: {e}");
+            std::process::exit(2);
+        }
+    }
+}
