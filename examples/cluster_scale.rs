@@ -22,7 +22,12 @@
 //! borrowing; restored after), `--binary ours|calico|both` (default both),
 //! `--ours PATH` (default: the `calico` beside this example's build),
 //! `--kill-every K` (SIGKILL one plugin process in K while it runs; its pod
-//! is DELed again until a DEL succeeds, as kubelet does). Exits non-zero
+//! is DELed again until a DEL succeeds, as kubelet does), `--fault
+//! apiserver|etcd-leader` (halfway through the churn, kube-apiserver or the
+//! calico-etcd leader restarted by `scripts/testbed.sh`; calls that fail
+//! meanwhile are failures the runtime retries: an ADD's pod is DELed).
+//! `--cleanup` removes what runs that did not finish left (pools, blocks,
+//! affinities, handles and nodes named `sim-…`) and exits. Exits non-zero
 //! on a duplicate or a leak.
 
 use std::collections::{BTreeMap, HashMap};
@@ -57,6 +62,8 @@ struct Options {
     binaries: Vec<String>,
     ours: PathBuf,
     kill_every: usize,
+    fault: Option<String>,
+    cleanup: bool,
     run: String,
 }
 
@@ -79,6 +86,8 @@ fn options() -> Result<Options, Failure> {
         binaries: vec!["calico".into(), "ours".into()],
         ours,
         kill_every: 0,
+        fault: None,
+        cleanup: false,
         run: format!("{:x}", std::process::id()),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -94,6 +103,10 @@ fn options() -> Result<Options, Failure> {
             "--concurrency" => o.concurrency = value.parse()?,
             "--pool" => o.pool = Some(value.parse()?),
             "--block-size" => o.block_size = value.parse()?,
+            "--cleanup" => {
+                o.cleanup = true;
+                step = 1;
+            }
             "--strict-affinity" => {
                 o.strict_affinity = true;
                 step = 1;
@@ -107,6 +120,18 @@ fn options() -> Result<Options, Failure> {
             }
             "--ours" => o.ours = value.into(),
             "--kill-every" => o.kill_every = value.parse()?,
+            "--fault" => {
+                o.fault = match value.as_str() {
+                    "none" => None,
+                    "apiserver" => Some("restart-apiserver".into()),
+                    "etcd-leader" => Some("restart-calico-etcd-leader".into()),
+                    other => {
+                        return Err(
+                            format!("--fault none|apiserver|etcd-leader, not {other}").into()
+                        );
+                    }
+                }
+            }
             other => return Err(format!("unknown option {other}").into()),
         }
         i += step;
@@ -288,6 +313,26 @@ fn churn(o: &Options, binary: &Path, nodes: &[SimNode], confs: &[String]) -> Vec
     let seq = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let target = o.nodes * o.pods;
     std::thread::scope(|s| {
+        if let Some(fault) = &o.fault {
+            let issued = &issued;
+            s.spawn(move || {
+                while issued.load(std::sync::atomic::Ordering::Relaxed) < o.ops / 2 {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let t0 = Instant::now();
+                let out = Command::new("bash")
+                    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/testbed.sh"))
+                    .arg(fault)
+                    .output()
+                    .expect("scripts/testbed.sh");
+                eprintln!(
+                    "cluster_scale: fault {fault} at call {} took {} ms: {}",
+                    o.ops / 2,
+                    t0.elapsed().as_millis(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            });
+        }
         for t in 0..o.concurrency {
             let (live, calls, issued, seq) = (&live, &calls, &issued, &seq);
             s.spawn(move || {
@@ -582,9 +627,10 @@ fn audited(
 }
 
 /// The etcd cluster's KV requests so far (`grpc_server_handled_total` of
-/// `etcdserverpb.KV`, every member), by method: the run's are the
-/// difference (the cluster serves Calico's datastore alone).
-fn etcd_requests() -> Option<BTreeMap<String, usize>> {
+/// `etcdserverpb.KV`), per member and method: the run's are the difference
+/// (the cluster serves Calico's datastore alone; a member restarted
+/// counts from zero again).
+fn etcd_requests() -> Option<BTreeMap<(String, String), usize>> {
     let mut by = BTreeMap::new();
     for endpoint in std::env::var("TESTBED_CALICO_ETCD_ENDPOINTS")
         .ok()?
@@ -608,10 +654,27 @@ fn etcd_requests() -> Option<BTreeMap<String, usize>> {
             }
             let method = line.split("grpc_method=\"").nth(1)?.split('"').next()?;
             let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
-            *by.entry(method.to_string()).or_insert(0) += count as usize;
+            *by.entry((endpoint.to_string(), method.to_string()))
+                .or_insert(0) += count as usize;
         }
     }
     Some(by)
+}
+
+/// The requests between two readings of [`etcd_requests`], by method.
+fn etcd_difference(
+    before: &BTreeMap<(String, String), usize>,
+    after: BTreeMap<(String, String), usize>,
+) -> BTreeMap<String, usize> {
+    let mut by = BTreeMap::new();
+    for (key, n) in after {
+        let was = before.get(&key).copied().unwrap_or(0);
+        let run = if n >= was { n - was } else { n };
+        if run > 0 {
+            *by.entry(key.1).or_insert(0) += run;
+        }
+    }
+    by
 }
 
 /// Seconds since the epoch of an RFC 3339 UTC time with fractions.
@@ -716,11 +779,7 @@ async fn run_one(
         requests: match (o.backend.as_str(), etcd_before) {
             ("kdd", _) => audited(since, until),
             (_, Some(before)) => etcd_requests().map(|after| {
-                let by: BTreeMap<String, usize> = after
-                    .into_iter()
-                    .map(|(m, n)| (m.clone(), n - before.get(&m).copied().unwrap_or(0)))
-                    .filter(|(_, n)| *n > 0)
-                    .collect();
+                let by = etcd_difference(&before, after);
                 // (etcd does not count a lost compare-and-swap apart.)
                 (by.values().sum(), by, 0)
             }),
@@ -732,8 +791,86 @@ async fn run_one(
     })
 }
 
+/// Everything earlier runs left: pools `sim-…` with their blocks, the
+/// affinities and handles of `sim-…`, the nodes `sim-…`.
+async fn cleanup(o: &Options, store: &dyn Store) -> Result<(), Failure> {
+    let none = Precondition::default();
+    let pools: Vec<IpNet> = store
+        .list::<IpPool>("", &ListFilter::All)
+        .await?
+        .into_iter()
+        .filter(|p| p.metadata.name.starts_with("sim-"))
+        .filter_map(|p| p.spec.cidr.parse().ok())
+        .collect();
+    println!("cleanup: {} pools of earlier runs: {pools:?}", pools.len());
+    for b in store.list::<IpamBlock>("", &ListFilter::All).await? {
+        if b.spec
+            .cidr
+            .parse::<IpNet>()
+            .is_ok_and(|c| pools.iter().any(|p| p.contains(&c)))
+        {
+            store
+                .delete_object(IpamBlock::KIND, "", &b.metadata.name, &none)
+                .await?;
+        }
+    }
+    for a in store.list::<BlockAffinity>("", &ListFilter::All).await? {
+        if a.spec.node.starts_with("sim-") {
+            store
+                .delete_object(BlockAffinity::KIND, "", &a.metadata.name, &none)
+                .await?;
+        }
+    }
+    for h in store.list_names(IpamHandle::KIND, "").await? {
+        if h.starts_with("sim-") {
+            store.delete_object(IpamHandle::KIND, "", &h, &none).await?;
+        }
+    }
+    for p in store.list::<IpPool>("", &ListFilter::All).await? {
+        if p.metadata.name.starts_with("sim-") {
+            store
+                .delete_object(IpPool::KIND, "", &p.metadata.name, &none)
+                .await?;
+        }
+    }
+    if o.backend == "kdd" {
+        let k8s = K8sClient::new(
+            &K8sConfig {
+                kubeconfig: Some(var("KUBECONFIG")?.into()),
+                ..K8sConfig::default()
+            },
+            deadline(),
+        )
+        .await?;
+        for n in k8s
+            .list_json(
+                "Node",
+                "/api/v1/nodes",
+                Some("calico-cni.test/cluster-scale"),
+                false,
+            )
+            .await?
+        {
+            let name = n["metadata"]["name"].as_str().unwrap_or_default();
+            k8s.delete_json("Node", &format!("/api/v1/nodes/{name}"), None, None)
+                .await?;
+        }
+    } else {
+        for n in store.list_names(Node::KIND, "").await? {
+            if n.starts_with("sim-") {
+                store.delete_object(Node::KIND, "", &n, &none).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn run(o: Options) -> Result<bool, Failure> {
     let store = admin_store(&o.backend).await?;
+    if o.cleanup {
+        cleanup(&o, store.as_ref()).await?;
+        return Ok(true);
+    }
     let pool = match o.pool {
         Some(p) => p,
         None => free_pool(store.as_ref()).await?,
@@ -790,7 +927,7 @@ async fn run(o: Options) -> Result<bool, Failure> {
         }
     }
     println!(
-        "cluster_scale {}: {} nodes, {} calls, {} at once, pool {pool} (/{} blocks: {}), {} live pods a node aimed at{}{}",
+        "cluster_scale {}: {} nodes, {} calls, {} at once, pool {pool} (/{} blocks: {}), {} live pods a node aimed at{}{}{}",
         o.backend,
         o.nodes,
         o.ops,
@@ -802,6 +939,11 @@ async fn run(o: Options) -> Result<bool, Failure> {
             ", strictAffinity"
         } else {
             ""
+        },
+        if let Some(f) = &o.fault {
+            format!(", fault {f} halfway")
+        } else {
+            String::new()
         },
         if o.kill_every > 0 {
             format!(", SIGKILL 1 call in {}", o.kill_every)

@@ -6,6 +6,9 @@
 #                             containerd, this plugin installed by `calico install`
 #                             (scripts/testbed-node.sh)
 #   scripts/testbed.sh restart-kubelet   the node's kubelet stopped and started again
+#   scripts/testbed.sh restart-apiserver   kube-apiserver stopped and started again
+#   scripts/testbed.sh restart-calico-etcd-leader   the calico-etcd leader killed,
+#                             down 2 s (TESTBED_DOWN_SECONDS), started again
 #   scripts/testbed.sh node-down   the node only
 #   scripts/testbed.sh node-import-e2e-images   the e2e suite's images (agnhost, the
 #                             glibc DNS image, an nginx stand-in) into the node's
@@ -295,6 +298,34 @@ start_apiserver() {
   wait_for kube-apiserver 90 admin GET /readyz
 }
 
+# restart-apiserver: kube-apiserver stopped (TERM) and started again; back
+# when /readyz answers.
+restart_apiserver() {
+  alive kube-apiserver || die "kube-apiserver is not running (scripts/testbed.sh up)"
+  stop kube-apiserver
+  start_apiserver
+  log "kube-apiserver restarted"
+}
+
+# restart-calico-etcd-leader: the calico-etcd member that leads killed
+# (KILL), down for TESTBED_DOWN_SECONDS (default 2), started again; back
+# when every member is healthy. Says which member it was.
+restart_calico_etcd_leader() {
+  local p=$dir/pki i status leader=
+  for i in $(seq 0 $((calico_etcd_members - 1))); do
+    status=$(curl -sf --max-time 2 --cacert "$p/ca.crt" --cert "$p/calico-cni.crt" \
+      --key "$p/calico-cni.key" -X POST -d '{}' \
+      "https://127.0.0.1:$((calico_etcd_port + i))/v3/maintenance/status") || continue
+    [ "$(jq -r '.header.member_id' <<<"$status")" = "$(jq -r '.leader' <<<"$status")" ] && leader=$i
+  done
+  [ -n "$leader" ] || die "no calico-etcd member says it leads"
+  kill -KILL "$(cat "$dir/calico-etcd-$leader.pid")" 2>/dev/null || true
+  stop "calico-etcd-$leader"
+  sleep "${TESTBED_DOWN_SECONDS:-2}"
+  start_calico_etcd
+  log "calico-etcd-$leader (the leader) killed and started again"
+}
+
 # No kubelet runs here: the controllers that would act on pods of absent or
 # never-ready nodes (podgc deletes pods bound to a missing Node, nodelifecycle
 # evicts from NotReady ones, taint-eviction) and the cloud ones stay off.
@@ -509,7 +540,9 @@ case ${1:-} in
   env) print_env ;;
   down) down ;;
   restart-kubelet) node_restart_kubelet ;;
+  restart-apiserver) restart_apiserver ;;
+  restart-calico-etcd-leader) restart_calico_etcd_leader ;;
   node-down) node_down ;;
   node-import-e2e-images) node_import_e2e_images ;;
-  *) echo "usage: $0 up [--node]|env|down|restart-kubelet|node-down|node-import-e2e-images" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--node]|env|down|restart-kubelet|restart-apiserver|restart-calico-etcd-leader|node-down|node-import-e2e-images" >&2; exit 2 ;;
 esac
