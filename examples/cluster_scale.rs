@@ -304,9 +304,14 @@ impl Rng {
     }
 }
 
-/// The churn with one binary: `o.ops` calls, `o.concurrency` at once; then
-/// every pod still live DELed. Every call recorded.
-fn churn(o: &Options, binary: &Path, nodes: &[SimNode], confs: &[String]) -> Vec<Call> {
+/// The churn with one binary: `o.ops` calls, `o.concurrency` at once.
+/// Every call recorded; the pods live at its end returned.
+fn churn(
+    o: &Options,
+    binary: &Path,
+    nodes: &[SimNode],
+    confs: &[String],
+) -> (Vec<Call>, Vec<Live>) {
     let live: Arc<Mutex<Vec<Live>>> = Arc::default();
     let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
     let issued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -400,13 +405,154 @@ fn churn(o: &Options, binary: &Path, nodes: &[SimNode], confs: &[String]) -> Vec
             });
         }
     });
-    // Every pod still live goes.
-    let rest: Vec<Live> = std::mem::take(&mut *live.lock().unwrap());
+    let live = std::mem::take(&mut *live.lock().unwrap());
+    (Arc::try_unwrap(calls).unwrap().into_inner().unwrap(), live)
+}
+
+/// Every pod still live DELed (until each DEL succeeds), recorded in
+/// `calls`.
+fn del_all(o: &Options, binary: &Path, confs: &[String], live: &[Live], calls: &mut Vec<Call>) {
+    let recorded = Mutex::new(std::mem::take(calls));
     let mut rng = Rng(42);
-    for pod in rest {
-        del_until_done(o, binary, confs, &pod, &calls, &mut rng, |_| None);
+    for pod in live {
+        del_until_done(o, binary, confs, pod, &recorded, &mut rng, |_| None);
     }
-    Arc::try_unwrap(calls).unwrap().into_inner().unwrap()
+    *calls = recorded.into_inner().unwrap();
+}
+
+/// Live pods whose address is not in exactly one block allocation with
+/// the pod's handle (`<network>.<container>`); a pod whose ADD failed or
+/// was killed counts if it holds an allocation anyway (it must be the one
+/// its handle names).
+async fn misallocated(
+    o: &Options,
+    store: &dyn Store,
+    pool: &IpNet,
+    calls: &[Call],
+    live: &[Live],
+) -> Result<Vec<String>, Failure> {
+    let answered: HashMap<&str, std::net::IpAddr> = calls
+        .iter()
+        .filter(|c| c.add && c.ok)
+        .map(|c| (c.cid.as_str(), c.ip.unwrap()))
+        .collect();
+    // Every allocation in the pool: address → handles.
+    let mut held: BTreeMap<std::net::IpAddr, Vec<String>> = BTreeMap::new();
+    for b in store.list::<IpamBlock>("", &ListFilter::All).await? {
+        let Ok(cidr) = b.spec.cidr.parse::<IpNet>() else {
+            continue;
+        };
+        if !pool.contains(&cidr) {
+            continue;
+        }
+        let hosts: Vec<std::net::IpAddr> = match cidr {
+            IpNet::V4(c) => (0..(1u32 << (32 - c.prefix_len())))
+                .map(|i| std::net::IpAddr::V4((u32::from(c.network()) + i).into()))
+                .collect(),
+            IpNet::V6(_) => Vec::new(),
+        };
+        for (ordinal, a) in b.spec.allocations.iter().enumerate() {
+            let Some(index) = a else { continue };
+            let handle = b
+                .spec
+                .attributes
+                .get(*index)
+                .and_then(|at| at.handle_id.clone());
+            held.entry(hosts[ordinal])
+                .or_default()
+                .push(handle.unwrap_or_default());
+        }
+    }
+    let network = format!("sim-{}", o.run);
+    let mut wrong = Vec::new();
+    for pod in live {
+        let handle = format!("{network}.{}", pod.cid);
+        match answered.get(pod.cid.as_str()) {
+            Some(ip) => match held.get(ip).map(Vec::as_slice) {
+                Some([h]) if *h == handle => {}
+                other => wrong.push(format!("{} ({ip}): allocations {other:?}", pod.cid)),
+            },
+            None => {
+                let holding: Vec<_> = held
+                    .iter()
+                    .filter(|(_, hs)| hs.contains(&handle))
+                    .map(|(ip, _)| ip)
+                    .collect();
+                if holding.len() > 1 {
+                    wrong.push(format!("{} (no answer): allocations {holding:?}", pod.cid));
+                }
+            }
+        }
+    }
+    Ok(wrong)
+}
+
+/// Problems `ipam check` (ours, then calicoctl's) reports for addresses of
+/// the pool: the lines naming one.
+fn ipam_checks(
+    o: &Options,
+    pool: &IpNet,
+    conflist: &Path,
+) -> Result<(Vec<String>, Vec<String>), Failure> {
+    let in_pool = |text: &str| -> Vec<String> {
+        text.lines()
+            // (Each block is listed with its CIDR; problems name addresses.)
+            .filter(|l| !l.contains("IPAM block") && !l.trim_start().starts_with("Found"))
+            .filter(|l| {
+                // (A bare address, not a CIDR: the pool's own line.)
+                l.split_whitespace()
+                    .filter_map(|w| {
+                        w.trim_matches(|c: char| !(c.is_ascii_digit() || c == '.'))
+                            .parse::<std::net::Ipv4Addr>()
+                            .ok()
+                            .filter(|_| !w.contains('/'))
+                    })
+                    .any(|ip| pool.contains(&std::net::IpAddr::V4(ip)))
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let ours = Command::new(&o.ours)
+        .args(["ipam", "check", "--show-problem-ips", "--config"])
+        .arg(conflist)
+        .output()?;
+    let calicoctl = Path::new(&var("PEERS_BIN")?).join("calico-v3.32.1/calicoctl");
+    let mut cmd = Command::new(calicoctl);
+    cmd.args([
+        "ipam",
+        "check",
+        "--show-problem-ips",
+        "--allow-version-mismatch",
+    ])
+    .env_clear()
+    .env("KUBECONFIG", var("KUBECONFIG")?);
+    if o.backend == "kdd" {
+        cmd.env("DATASTORE_TYPE", "kubernetes");
+    } else {
+        cmd.env("DATASTORE_TYPE", "etcdv3")
+            .env("ETCD_ENDPOINTS", var("TESTBED_CALICO_ETCD_ENDPOINTS")?)
+            .env("ETCD_CA_CERT_FILE", var("TESTBED_CALICO_ETCD_CA")?)
+            .env("ETCD_CERT_FILE", var("TESTBED_CALICO_ETCD_CERT")?)
+            .env("ETCD_KEY_FILE", var("TESTBED_CALICO_ETCD_KEY")?);
+    }
+    let theirs = cmd.output()?;
+    for (who, out) in [
+        ("calico ipam check", &ours),
+        ("calicoctl ipam check", &theirs),
+    ] {
+        if !out.status.success() {
+            return Err(format!(
+                "{who}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+    }
+    Ok((
+        in_pool(&String::from_utf8_lossy(&ours.stdout)),
+        in_pool(&String::from_utf8_lossy(&theirs.stdout)),
+    ))
 }
 
 /// DELs `pod` until a DEL succeeds (as kubelet retries), each recorded.
@@ -712,6 +858,10 @@ struct Row {
     blocks: usize,
     duplicates: Vec<String>,
     leaked: (usize, usize),
+    live: usize,
+    misallocated: Vec<String>,
+    /// Problem lines naming the pool's addresses: ours, calicoctl's.
+    checks: (Vec<String>, Vec<String>),
 }
 
 async fn run_one(
@@ -737,14 +887,35 @@ async fn run_one(
     let etcd_before = (o.backend == "etcd").then(etcd_requests).flatten();
     let since = std::time::SystemTime::now();
     let t0 = Instant::now();
-    let calls = {
+    let (mut calls, live) = {
         let (o, binary, nodes, confs) = (o.clone(), binary.clone(), nodes.to_vec(), confs.clone());
         tokio::task::spawn_blocking(move || churn(&o, &binary, &nodes, &confs)).await?
     };
     let took = t0.elapsed();
     let until = std::time::SystemTime::now();
-    // Blocks claimed: counted before the run's objects are cleared.
-    let (allocated, handles, blocks) = left(o, store, pool).await?;
+    // The pods live at the churn's end, each in its one allocation; the
+    // blocks claimed.
+    let wrong = misallocated(o, store, pool, &calls, &live).await?;
+    let (_, _, blocks) = left(o, store, pool).await?;
+    let live_pods = live.len();
+    calls = {
+        let (o, binary, confs) = (o.clone(), binary.clone(), confs.clone());
+        tokio::task::spawn_blocking(move || {
+            del_all(&o, &binary, &confs, &live, &mut calls);
+            calls
+        })
+        .await?
+    };
+    let (allocated, handles, _) = left(o, store, pool).await?;
+    let conflist = nodes[0].dir.join("check.conflist");
+    let mut one: Value = serde_json::from_str(&confs[0])?;
+    let name = one["name"].clone();
+    one.as_object_mut().unwrap().remove("name");
+    std::fs::write(
+        &conflist,
+        json!({"cniVersion": "1.0.0", "name": name, "plugins": [one]}).to_string(),
+    )?;
+    let checks = ipam_checks(o, pool, &conflist)?;
     let ms = |add: bool| {
         let mut v: Vec<f64> = calls
             .iter()
@@ -788,6 +959,9 @@ async fn run_one(
         blocks,
         duplicates: duplicates(&calls),
         leaked: (allocated, handles),
+        live: live_pods,
+        misallocated: wrong,
+        checks,
     })
 }
 
@@ -804,11 +978,17 @@ async fn cleanup(o: &Options, store: &dyn Store) -> Result<(), Failure> {
         .collect();
     println!("cleanup: {} pools of earlier runs: {pools:?}", pools.len());
     for b in store.list::<IpamBlock>("", &ListFilter::All).await? {
-        if b.spec
+        let in_pool = b
+            .spec
             .cidr
             .parse::<IpNet>()
-            .is_ok_and(|c| pools.iter().any(|p| p.contains(&c)))
-        {
+            .is_ok_and(|c| pools.iter().any(|p| p.contains(&c)));
+        let affine = b
+            .spec
+            .affinity
+            .as_deref()
+            .is_some_and(|a| a.starts_with("host:sim-"));
+        if in_pool || affine {
             store
                 .delete_object(IpamBlock::KIND, "", &b.metadata.name, &none)
                 .await?;
@@ -865,8 +1045,64 @@ async fn cleanup(o: &Options, store: &dyn Store) -> Result<(), Failure> {
     Ok(())
 }
 
+/// On etcd, the objects calico-node's start-up makes and calicoctl reads
+/// (ClusterInformation, KubeControllersConfiguration), if absent.
+fn ensure_etcd_defaults() -> Result<(), Failure> {
+    let etcdctl = Path::new(&var("PEERS_BIN")?).join("etcdctl");
+    let run = |args: &[&str]| -> Result<String, Failure> {
+        let out = Command::new(&etcdctl)
+            .env_clear()
+            .arg(format!(
+                "--endpoints={}",
+                var("TESTBED_CALICO_ETCD_ENDPOINTS")?
+            ))
+            .arg(format!("--cacert={}", var("TESTBED_CALICO_ETCD_CA")?))
+            .arg(format!("--cert={}", var("TESTBED_CALICO_ETCD_CERT")?))
+            .arg(format!("--key={}", var("TESTBED_CALICO_ETCD_KEY")?))
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            return Err(
+                format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into(),
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let v3 = "/calico/resources/v3/projectcalico.org";
+    for (plural, kind, uid, spec) in [
+        (
+            "clusterinformations",
+            "ClusterInformation",
+            1,
+            json!({"clusterGUID": "0123456789abcdef0123456789abcdef",
+                   "clusterType": "k8s,bgp", "datastoreReady": true}),
+        ),
+        (
+            "kubecontrollersconfigurations",
+            "KubeControllersConfiguration",
+            2,
+            json!({"healthChecks": "Enabled", "logSeverityScreen": "Info",
+                   "etcdV3CompactionPeriod": "10m",
+                   "controllers": {"node": {"reconcilerPeriod": "5m", "leakGracePeriod": "15m"}}}),
+        ),
+    ] {
+        let key = format!("{v3}/{plural}/default");
+        if run(&["get", "--print-value-only", &key])?.trim().is_empty() {
+            let object = json!({"kind": kind, "apiVersion": "projectcalico.org/v3",
+                "metadata": {"name": "default", "uid": format!("6e1e1a3c-0000-4000-8000-00000000000{uid}"),
+                             "creationTimestamp": "2026-12-01T00:00:00Z"},
+                "spec": spec});
+            run(&["put", &key, &object.to_string()])?;
+        }
+    }
+    Ok(())
+}
+
 async fn run(o: Options) -> Result<bool, Failure> {
     let store = admin_store(&o.backend).await?;
+    if o.backend == "etcd" {
+        ensure_etcd_defaults()?;
+    }
     if o.cleanup {
         cleanup(&o, store.as_ref()).await?;
         return Ok(true);
@@ -954,14 +1190,15 @@ async fn run(o: Options) -> Result<bool, Failure> {
     let mut rows = Vec::new();
     let mut result = Ok(());
     for who in &o.binaries {
-        match run_one(&o, who, store.as_ref(), &pool, &nodes).await {
+        let row = run_one(&o, who, store.as_ref(), &pool, &nodes).await;
+        clear(&o, store.as_ref(), &pool, &nodes).await?;
+        match row {
             Ok(row) => rows.push(row),
             Err(e) => {
                 result = Err(e);
                 break;
             }
         }
-        clear(&o, store.as_ref(), &pool, &nodes).await?;
     }
     // The run's objects go, whatever happened.
     let none = Precondition::default();
@@ -984,9 +1221,9 @@ async fn run(o: Options) -> Result<bool, Failure> {
     result?;
 
     println!(
-        "| binary | ADDs (failed, killed) | DELs | ADD p50/p99 ms | DEL p50/p99 ms | calls/s | API requests per ADD+DEL pair | 409s | blocks claimed | duplicates | leaked addresses/handles |"
+        "| binary | ADDs (failed, killed) | DELs | ADD p50/p99 ms | DEL p50/p99 ms | calls/s | API requests per ADD+DEL pair | 409s | blocks claimed | live pods checked (wrong) | duplicates | leaked addresses/handles | ipam check problems, ours/calicoctl |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut clean = true;
     for r in &rows {
         let pairs = r.adds.max(1) as f64;
@@ -998,7 +1235,7 @@ async fn run(o: Options) -> Result<bool, Failure> {
             .as_ref()
             .map_or("-".to_string(), |(_, _, c)| c.to_string());
         println!(
-            "| {} | {} ({}, {}) | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.0} | {} | {} | {} | {} | {} / {} |",
+            "| {} | {} ({}, {}) | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.0} | {} | {} | {} | {} ({}) | {} | {} / {} | {} / {} |",
             r.who,
             r.adds,
             r.failed_adds,
@@ -1012,9 +1249,13 @@ async fn run(o: Options) -> Result<bool, Failure> {
             requests,
             conflicts,
             r.blocks,
+            r.live,
+            r.misallocated.len(),
             r.duplicates.len(),
             r.leaked.0,
-            r.leaked.1
+            r.leaked.1,
+            r.checks.0.len(),
+            r.checks.1.len()
         );
         if let Some((_, by, _)) = &r.requests {
             println!("  {} requests by verb and resource: {by:?}", r.who);
@@ -1022,7 +1263,17 @@ async fn run(o: Options) -> Result<bool, Failure> {
         for d in r.duplicates.iter().take(5) {
             println!("  {} DUPLICATE {d}", r.who);
         }
-        clean &= r.duplicates.is_empty() && r.leaked == (0, 0);
+        for d in r.misallocated.iter().take(5) {
+            println!("  {} MISALLOCATED {d}", r.who);
+        }
+        for l in r.checks.0.iter().chain(&r.checks.1).take(5) {
+            println!("  {} IPAM CHECK {l}", r.who);
+        }
+        clean &= r.duplicates.is_empty()
+            && r.leaked == (0, 0)
+            && r.misallocated.is_empty()
+            && r.checks.0.is_empty()
+            && r.checks.1.is_empty();
     }
     if let [calico, ours] = &rows[..] {
         println!(
