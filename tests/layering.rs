@@ -40,6 +40,7 @@ const PLUGIN_RANKS: &[(&str, u32)] = &[
     ("readiness", 0),
     ("policy_wait", 0),
     ("status_cache", 0),
+    ("status_watch", 0),
     ("endpoint", 1),
     ("rollback", 1),
     ("teardown", 1),
