@@ -341,7 +341,7 @@ fn churn(
         for t in 0..o.concurrency {
             let (live, calls, issued, seq) = (&live, &calls, &issued, &seq);
             s.spawn(move || {
-                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1) * 0x1234_5678_9ABC);
+                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((t as u64 + 1) * 0x1234_5678_9ABC));
                 loop {
                     let n = issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if n >= o.ops {
