@@ -197,6 +197,26 @@ fn same_answer(
     answers.pop().unwrap()
 }
 
+/// On the Kubernetes datastore, `conf` made a Kubernetes pod's (the CNI's
+/// kubeconfig, k8s policy) and the pod `p<cid>` created in `ns`: its
+/// CNI_ARGS, as containerd passes them; elsewhere none.
+fn as_a_pod(
+    w: &World,
+    bed: &common::testbed::Testbed,
+    ns: &Namespace,
+    conf: &mut Value,
+    cid: &str,
+) -> String {
+    if w.backend != Backend::Kdd {
+        return String::new();
+    }
+    conf["kubernetes"] = json!({"kubeconfig": bed.cni_kubeconfig()});
+    conf["policy"] = json!({"type": "k8s"});
+    let pod = format!("p{}", &cid[..8]);
+    w.pod(ns, &pod, json!({}));
+    k8s_args(ns, &pod, cid)
+}
+
 /// calico-ipam's result (and the `calico` plugin's, which passes its routes
 /// on) is what Calico v3.32.1 prints: each address with its block's prefix
 /// (an explicit `IP=` as /32), one route per address to that same prefixed
@@ -226,14 +246,7 @@ fn results_are_calicos_field_for_field() {
             }
             let cid = container_id();
             let netns = Netns::new();
-            let mut args = String::new();
-            if backend == Backend::Kdd {
-                conf["kubernetes"] = json!({"kubeconfig": bed.cni_kubeconfig()});
-                conf["policy"] = json!({"type": "k8s"});
-                let pod = format!("p{}", &cid[..8]);
-                w.pod(&ns, &pod, json!({}));
-                args = k8s_args(&ns, &pod, &cid);
-            }
+            let mut args = as_a_pod(&w, bed, &ns, &mut conf, &cid);
             let ip = common::ipam::address_at(&w.v4(0), 200);
             if explicit {
                 args = format!("{args}{}IP={ip}", if args.is_empty() { "" } else { ";" });
@@ -283,14 +296,7 @@ fn results_are_calicos_field_for_field() {
             conf.as_object_mut().unwrap().remove("mtu_file");
             let cid = container_id();
             let netns = Netns::new();
-            let mut args = String::new();
-            if backend == Backend::Kdd {
-                conf["kubernetes"] = json!({"kubeconfig": bed.cni_kubeconfig()});
-                conf["policy"] = json!({"type": "k8s"});
-                let pod = format!("p{}", &cid[..8]);
-                w.pod(&ns, &pod, json!({}));
-                args = k8s_args(&ns, &pod, &cid);
-            }
+            let args = as_a_pod(&w, bed, &ns, &mut conf, &cid);
             let what = format!("{backend:?} mtu file 1400, config mtu {conf_mtu}");
             let ours = same_answer(&w, &c, false, &conf, &cid, &netns.path(), &args, &what);
             assert_eq!(

@@ -544,6 +544,16 @@ fn in_a_pod_it_writes_a_kubeconfig_the_plugin_uses() {
     assert_eq!(out.code, 0, "{out:?}");
 }
 
+/// A child process killed (and reaped) when this goes.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `calico install --watch --binaries none` on `host`, the pod's
 /// ServiceAccount files in `sa_dir`.
 fn watch_command(host: &Host, sa_dir: &Path) -> Command {
@@ -587,13 +597,6 @@ fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
         ("CNI_TOKEN_REFRESH_INTERVAL".to_string(), "1s".to_string()),
         ("CNI_MTU".to_string(), "1400".to_string()),
     ]);
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let mut watch = Kill(
         watch_command(&host, pod.dir.path())
             .env_clear()
@@ -714,13 +717,6 @@ fn the_watch_tells_status_at_once_when_the_cni_service_account_goes() {
         ("CNI_NETWORK_CONFIG_FILE", template_file.to_str().unwrap()),
         ("CALICO_CNI_SERVICE_ACCOUNT", &cni.name),
     ]);
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let mut watch = Kill(
         watch_command(&host, sa_dir.path())
             .env_clear()
