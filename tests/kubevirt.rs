@@ -123,7 +123,14 @@ impl Vms {
 
     /// The attribute entry `ip` is allocated with, from the stored block.
     fn attribute(&self, ip: IpAddr) -> Option<Value> {
-        for b in self.w.blocks() {
+        attribute_in(&self.w, ip)
+    }
+}
+
+/// The attribute entry `ip` is allocated with in `w`'s stored blocks.
+fn attribute_in(w: &World, ip: IpAddr) -> Option<Value> {
+    {
+        for b in w.blocks() {
             let cidr: IpNet = b["spec"]["cidr"].as_str().unwrap().parse().unwrap();
             if !cidr.contains(&ip) {
                 continue;
@@ -481,10 +488,26 @@ fn a_migration_is_stored_and_released_as_calicos_binary_does() {
         return;
     };
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    // The same on the etcd datastore: the VMs and pods on the API server,
+    // the addresses in etcd.
+    let Some(e) = World::new(test, Backend::Etcd) else {
+        return;
+    };
+    e.pool(&e.v4(0).to_string(), json!({}));
+    for w in [&v.w, &e] {
+        migration_as_calicos(&v, w, &calico);
+    }
+}
+
+/// [`a_migration_is_stored_and_released_as_calicos_binary_does`] with the
+/// addresses in `w` (`v`'s own world, or one on etcd).
+fn migration_as_calicos(v: &Vms, w: &World, calico: &std::path::Path) {
     let ns = v.ns.name.clone();
     let ours = v.w.bin.join("calico-ipam");
-    let mut conf = v.w.conf();
+    let mut conf = w.conf();
     conf["nodename_file_optional"] = json!(true);
+    conf["kubernetes"] = json!({"kubeconfig": v.w.bed().cni_kubeconfig()});
+    conf["policy"] = json!({"type": "k8s"});
     let run = |binary: &std::path::Path, verb: &str, pod: &str, cid: &str| -> Outcome {
         let mut env = env_of(&[
             ("CNI_COMMAND", verb),
@@ -501,15 +524,20 @@ fn a_migration_is_stored_and_released_as_calicos_binary_does() {
     };
     for source_first in [true, false] {
         let mut seen: Vec<Vec<Value>> = Vec::new();
-        for (who, binary) in [("Calico's", calico.as_path()), ("ours", ours.as_path())] {
-            let vm = format!("vm-{}-{}", u8::from(source_first), seen.len());
+        for (who, binary) in [("Calico's", calico), ("ours", ours.as_path())] {
+            let vm = format!(
+                "vm-{}-{}-{}",
+                if w.backend == Backend::Etcd { "e" } else { "k" },
+                u8::from(source_first),
+                seen.len()
+            );
             let vm_uid = v.vm(&vm);
             let vmi_uid = v.vmi(&vm, Some((&vm, &vm_uid)));
             let (src, cid_s) = (format!("virt-launcher-{vm}-source"), container_id());
             let (tgt, cid_t) = (format!("virt-launcher-{vm}-target"), container_id());
             v.launcher(&src, (&vm, &vmi_uid), None);
             v.launcher(&tgt, (&vm, &vmi_uid), Some("mig-uid-1"));
-            let what = format!("{who} (source first: {source_first})");
+            let what = format!("{who} on {:?} (source first: {source_first})", w.backend);
             let mut steps = Vec::new();
 
             let r = run(binary, "ADD", &src, &cid_s);
@@ -524,7 +552,7 @@ fn a_migration_is_stored_and_released_as_calicos_binary_does() {
                     .is_none_or(|r| r.as_array().unwrap().is_empty()),
                 "{what}: a target gets no routes: {t}"
             );
-            steps.push(comparable_attribute(&v.attribute(ip).unwrap()));
+            steps.push(comparable_attribute(&attribute_in(w, ip).unwrap()));
             v.delete("virtualmachines", &vm);
             let order = if source_first {
                 [(&src, &cid_s), (&tgt, &cid_t)]
@@ -535,17 +563,17 @@ fn a_migration_is_stored_and_released_as_calicos_binary_does() {
             let out = run(binary, "DEL", first.0, first.1);
             assert_eq!(out.code, 0, "{what}: first DEL {out:?}");
             steps
-                .push(comparable_attribute(&v.attribute(ip).unwrap_or_else(
+                .push(comparable_attribute(&attribute_in(w, ip).unwrap_or_else(
                     || panic!("{what}: released with an owner left"),
                 )));
             let out = run(binary, "DEL", second.0, second.1);
             assert_eq!(out.code, 0, "{what}: second DEL {out:?}");
             assert!(
-                v.attribute(ip).is_none(),
+                attribute_in(w, ip).is_none(),
                 "{what}: not released with the VM"
             );
             assert!(
-                v.w.handle(&v.handle(&vm)).is_none(),
+                w.handle(&v.handle(&vm)).is_none(),
                 "{what}: the handle stayed"
             );
             v.release("virtualmachines", &vm);
@@ -560,7 +588,8 @@ fn a_migration_is_stored_and_released_as_calicos_binary_does() {
         assert_eq!(
             seen[1],
             seen[0],
-            "source first: {source_first}: ours {:#} Calico's {:#}",
+            "{:?}, source first: {source_first}: ours {:#} Calico's {:#}",
+            w.backend,
             json!(seen[1]),
             json!(seen[0])
         );
