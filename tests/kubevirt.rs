@@ -479,7 +479,8 @@ fn comparable_attribute(attr: &Value) -> Value {
 /// target the alternate owner with pod, namespace, VMI name and UID, VMIM
 /// UID and VM UID), the VM deleted, then the two pods' DELs in either
 /// order: after each step the stored attribute entry is the one Calico's
-/// binary stores, and the handle goes with the last owner.
+/// binary stores, and the handle goes with the last owner; on the API
+/// server and on etcd.
 #[test]
 fn a_migration_is_stored_and_released_as_calicos_binary_does() {
     let test = "a_migration_is_stored_and_released_as_calicos_binary_does";
