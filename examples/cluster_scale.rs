@@ -764,9 +764,12 @@ fn audited(
             e["verb"].as_str().unwrap_or_default(),
             e["objectRef"]["resource"].as_str().unwrap_or("-")
         );
-        *by.entry(key).or_insert(0) += 1;
+        *by.entry(key.clone()).or_insert(0) += 1;
         if e["responseStatus"]["code"] == 409 {
             conflicts += 1;
+            // (Which requests lost: a create of what exists, or an update
+            // or delete on a stale resourceVersion.)
+            *by.entry(format!("409 on {key}")).or_insert(0) += 1;
         }
     }
     Some((total, by, conflicts))
