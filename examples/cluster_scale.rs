@@ -42,12 +42,15 @@ use calico_cni::datastore::ipam_model::{
 };
 use calico_cni::datastore::kubernetes::KubernetesStore;
 use calico_cni::datastore::{ListFilter, Precondition, Resource, Store};
-use calico_cni::etcd::{EtcdClient, EtcdConfig};
+use calico_cni::etcd::EtcdClient;
 use calico_cni::k8s::{K8sClient, K8sConfig};
 use ipnet::IpNet;
 use serde_json::{Value, json};
 
-type Failure = Box<dyn std::error::Error + Send + Sync>;
+#[path = "common/testbed.rs"]
+mod testbed;
+
+use testbed::{Failure, deadline, etcd_config, var};
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -142,15 +145,6 @@ fn options() -> Result<Options, Failure> {
     Ok(o)
 }
 
-fn var(name: &str) -> Result<String, Failure> {
-    std::env::var(name)
-        .map_err(|_| format!("{name} is not set: eval \"$(bash scripts/testbed.sh env)\"").into())
-}
-
-fn deadline() -> tokio::time::Instant {
-    tokio::time::Instant::now() + Duration::from_secs(6 * 3600)
-}
-
 /// The admin's view of the datastore (the run's pool, nodes and checks).
 async fn admin_store(backend: &str) -> Result<Arc<dyn Store>, Failure> {
     Ok(match backend {
@@ -169,20 +163,6 @@ async fn admin_store(backend: &str) -> Result<Arc<dyn Store>, Failure> {
                 None,
             ))
         }
-    })
-}
-
-fn etcd_config() -> Result<EtcdConfig, Failure> {
-    Ok(EtcdConfig {
-        endpoints: var("TESTBED_CALICO_ETCD_ENDPOINTS")?
-            .split(',')
-            .map(str::to_string)
-            .collect(),
-        ca_cert_file: Some(var("TESTBED_CALICO_ETCD_CA")?.into()),
-        cert_file: Some(var("TESTBED_CALICO_ETCD_CERT")?.into()),
-        key_file: Some(var("TESTBED_CALICO_ETCD_KEY")?.into()),
-        credentials: None,
-        discovery_srv: None,
     })
 }
 

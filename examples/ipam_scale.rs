@@ -30,7 +30,7 @@ use calico_cni::datastore::ipam_model::{
 };
 use calico_cni::datastore::kubernetes::KubernetesStore;
 use calico_cni::datastore::{DatastoreError, Kind, ListFilter, Precondition, Resource, Store};
-use calico_cni::etcd::{EtcdClient, EtcdConfig};
+use calico_cni::etcd::EtcdClient;
 use calico_cni::ipam::calico::IpamError;
 use calico_cni::ipam::calico::allocator::{Allocator, AutoAssign};
 use calico_cni::ipam::calico::pools::SelectorLabels;
@@ -38,7 +38,10 @@ use calico_cni::k8s::{K8sClient, K8sConfig};
 use ipnet::IpNet;
 use serde_json::{Value, json};
 
-type Failure = Box<dyn std::error::Error + Send + Sync>;
+#[path = "common/testbed.rs"]
+mod testbed;
+
+use testbed::{Failure, deadline, etcd_config, var};
 
 #[derive(Clone)]
 struct Options {
@@ -86,35 +89,15 @@ fn options() -> Result<Options, Failure> {
     Ok(o)
 }
 
-fn var(name: &str) -> Result<String, Failure> {
-    std::env::var(name)
-        .map_err(|_| format!("{name} is not set: eval \"$(bash scripts/testbed.sh env)\"").into())
-}
-
-/// Far enough for the whole run.
-fn deadline() -> tokio::time::Instant {
-    tokio::time::Instant::now() + Duration::from_secs(6 * 3600)
-}
-
 /// The datastore: on the API server, with the CNI's own credentials for
 /// the workers and the admin's for the coordinator (the CNI may not
 /// create or delete IPPools).
 async fn open(backend: &str, admin: bool) -> Result<Arc<dyn Store>, Failure> {
     Ok(match backend {
-        "etcd" => {
-            let conf = EtcdConfig {
-                endpoints: var("TESTBED_CALICO_ETCD_ENDPOINTS")?
-                    .split(',')
-                    .map(str::to_string)
-                    .collect(),
-                ca_cert_file: Some(var("TESTBED_CALICO_ETCD_CA")?.into()),
-                cert_file: Some(var("TESTBED_CALICO_ETCD_CERT")?.into()),
-                key_file: Some(var("TESTBED_CALICO_ETCD_KEY")?.into()),
-                credentials: None,
-                discovery_srv: None,
-            };
-            Arc::new(EtcdStore::new(EtcdClient::new(&conf, deadline())?))
-        }
+        "etcd" => Arc::new(EtcdStore::new(EtcdClient::new(
+            &etcd_config()?,
+            deadline(),
+        )?)),
         _ => {
             let conf = K8sConfig {
                 kubeconfig: Some(

@@ -554,6 +554,23 @@ impl Drop for Kill {
     }
 }
 
+/// [`watch_command`] running with only `env`, its output dropped.
+fn watching<K, V>(host: &Host, sa_dir: &Path, env: &HashMap<K, V>) -> Kill
+where
+    K: AsRef<std::ffi::OsStr>,
+    V: AsRef<std::ffi::OsStr>,
+{
+    Kill(
+        watch_command(host, sa_dir)
+            .env_clear()
+            .envs(env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// `calico install --watch --binaries none` on `host`, the pod's
 /// ServiceAccount files in `sa_dir`.
 fn watch_command(host: &Host, sa_dir: &Path) -> Command {
@@ -597,15 +614,7 @@ fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
         ("CNI_TOKEN_REFRESH_INTERVAL".to_string(), "1s".to_string()),
         ("CNI_MTU".to_string(), "1400".to_string()),
     ]);
-    let mut watch = Kill(
-        watch_command(&host, pod.dir.path())
-            .env_clear()
-            .envs(&env)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut watch = watching(&host, pod.dir.path(), &env);
     let kubeconfig = host.net_d("calico-kubeconfig");
     let conflist = host.net_d("10-calico.conflist");
     let until = Instant::now() + Duration::from_secs(30);
@@ -717,15 +726,7 @@ fn the_watch_tells_status_at_once_when_the_cni_service_account_goes() {
         ("CNI_NETWORK_CONFIG_FILE", template_file.to_str().unwrap()),
         ("CALICO_CNI_SERVICE_ACCOUNT", &cni.name),
     ]);
-    let mut watch = Kill(
-        watch_command(&host, sa_dir.path())
-            .env_clear()
-            .envs(&env)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut watch = watching(&host, sa_dir.path(), &env);
     let report_file = host.root().join("state/cni-status/datastore-watch.json");
     let report =
         || -> Option<Value> { serde_json::from_slice(&std::fs::read(&report_file).ok()?).ok() };

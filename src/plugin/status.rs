@@ -23,7 +23,7 @@ use crate::cni::{Error, Result};
 use crate::datastore::Backend;
 use crate::datastore::open::{datastore_kind, etcd_config, presents_kubernetes_token};
 use crate::plugin::context::Context;
-use crate::plugin::status_cache::{Answer, Cache, Due, Key, due};
+use crate::plugin::status_cache::{Answer, Cache, Due, Key, due, unix_ms};
 use crate::plugin::status_watch::{self, Report, Verdict};
 
 /// How long the check between full checks waits for a datastore endpoint
@@ -50,12 +50,16 @@ pub async fn cmd_status(ctx: &Context) -> Result<()> {
     } else {
         key(ctx).await
     };
-    // What the node's datastore watcher knows for certain is the answer.
-    if remote
-        && let Some(Report {
-            verdict: Verdict::NotReady(why),
-            ..
-        }) = watcher_report(ctx, &cache, SystemTime::now()).await
+    // The node's datastore watcher's report, read once: what it knows for
+    // certain is the answer.
+    let report = match remote {
+        true => watcher_report(ctx, &cache, SystemTime::now()).await,
+        false => None,
+    };
+    if let Some(Report {
+        verdict: Verdict::NotReady(why),
+        ..
+    }) = &report
     {
         cache.forget();
         tracing::debug!("STATUS not ready by the datastore watch's report");
@@ -64,7 +68,7 @@ pub async fn cmd_status(ctx: &Context) -> Result<()> {
         )));
     }
     match &key {
-        Some(key) => match from_cache(ctx, &cache, key, windows).await {
+        Some(key) => match from_cache(ctx, &cache, key, windows, report.as_ref()).await {
             Ok(()) => return Ok(()),
             Err(why) => tracing::debug!("STATUS checks afresh: {why}"),
         },
@@ -96,6 +100,7 @@ async fn from_cache(
     cache: &Cache,
     key: &str,
     windows: (Duration, Duration),
+    report: Option<&Report>,
 ) -> std::result::Result<(), String> {
     let answer = cache.load();
     let now = SystemTime::now();
@@ -115,7 +120,7 @@ async fn from_cache(
     // The node's datastore watcher, when it runs and reports on this
     // network's API server, stands for the probe (and tells at once of
     // what only the server sees).
-    match watcher_report(ctx, cache, now).await {
+    match report {
         Some(Report {
             verdict: Verdict::Unknown(why) | Verdict::NotReady(why),
             ..
@@ -157,11 +162,6 @@ async fn watcher_report(ctx: &Context, cache: &Cache, now: SystemTime) -> Option
     }
     let server = ctx.k8s().await.ok()?.server().to_string();
     status_watch::load(cache.dir())?.standing(&server, now)
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Keeps `answer` (a failure is logged: the next call checks afresh).

@@ -314,7 +314,8 @@ fn private_file(path: &Path, truncate: bool) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-fn unix_ms(t: SystemTime) -> u64 {
+/// `t` in Unix milliseconds (0 before the epoch).
+pub fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

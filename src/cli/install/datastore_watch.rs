@@ -18,6 +18,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::jitter::jitter;
 use super::kubeconfig::InCluster;
 use super::{DEADLINE, Settings};
 use crate::cni::NetConf;
@@ -264,7 +265,9 @@ async fn watch_once(
             (path, rv)
         }
     };
-    let seconds = WATCH_SECONDS * 4 / 5 + (WATCH_SECONDS * 2 / 5).min(spread());
+    // (Spread over ±20%, as token renewals are: nodes do not come back
+    // together.)
+    let seconds = WATCH_SECONDS * 4 / 5 + (WATCH_SECONDS as f64 * 0.4 * jitter()) as u64;
     let mut events = client
         .watch_named(
             &object.what,
@@ -308,16 +311,6 @@ async fn list(
     Err(last.unwrap_or_else(|| K8sError::NotServed(object.what.clone())))
 }
 
-/// A number of seconds in [0, WATCH_SECONDS) that differs between
-/// processes and calls.
-fn spread() -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos();
-    (u64::from(nanos) ^ u64::from(std::process::id()).wrapping_mul(2_654_435_761)) % WATCH_SECONDS
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +352,5 @@ mod tests {
         assert_eq!(combined(vec![unknown, sa.verdict(None)]), sa.verdict(None));
         assert_eq!(combined(vec![Verdict::Ready; 2]), Verdict::Ready);
         assert_eq!(sa.paths, ["/api/v1/namespaces/kube-system/serviceaccounts"]);
-        assert!(spread() < WATCH_SECONDS);
     }
 }

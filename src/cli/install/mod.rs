@@ -16,6 +16,7 @@
 
 pub mod datastore_watch;
 pub mod files;
+mod jitter;
 pub mod kubeconfig;
 pub mod settings;
 pub mod template;

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use super::jitter::jitter;
 use super::kubeconfig::Token;
 use super::{DEADLINE, InstallError, Installed, Settings, TLS_FILES};
 use crate::cli::progress::{Progress, duration_text};
@@ -31,17 +32,6 @@ fn inputs(settings: &Settings) -> Vec<Option<Vec<u8>>> {
     paths.extend(settings.template_file.clone());
     paths.extend(TLS_FILES.iter().map(|f| settings.tls_assets_dir.join(f)));
     paths.iter().map(|p| std::fs::read(p).ok()).collect()
-}
-
-/// A number in [0, 1) that differs between processes and calls.
-fn jitter() -> f64 {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos();
-    let mixed =
-        u64::from(nanos).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id());
-    (mixed >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// When to renew `token`.
