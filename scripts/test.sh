@@ -64,6 +64,10 @@ cargo run --locked --release --example bench -- --smoke
 # duplicate address, a misallocation or a leak.
 cargo run --locked --release --example cluster_scale -- \
   --backend kdd --nodes 20 --ops 1000 --fault apiserver --kill-every 50
+# And ours alone with one node's traffic black-holed for 20 s, then the node
+# lost and its IPAM released as kube-controllers releases it.
+cargo run --locked --release --example cluster_scale -- \
+  --backend kdd --nodes 20 --ops 600 --fault blackhole --hole-seconds 20 --kill-every 50 --binary ours
 echo "test.sh: cluster simulation done at $((SECONDS - t0)) s"
 # The README's run command on a machine with nothing but Rust: a rustup home
 # with the host target only, no musl-gcc on PATH (copies; a cold release build).

@@ -293,7 +293,7 @@ start_apiserver() {
     --kubelet-client-key="$p/apiserver-kubelet-client.key" \
     --kubelet-certificate-authority="$p/ca.crt" --kubelet-preferred-address-types=InternalIP \
     --audit-policy-file="$root/testbed/audit-policy.yaml" --audit-log-path="$dir/logs/audit.log" \
-    --audit-log-maxsize=100 --audit-log-maxbackup=1 \
+    --audit-log-maxsize=200 --audit-log-maxbackup=5 \
     --cert-dir="$dir/apiserver" --v=1
   wait_for kube-apiserver 90 admin GET /readyz
 }

@@ -39,6 +39,13 @@ pub fn new_block(
         affinity_claim_time: claim_time,
         allocations: vec![None; n],
         unallocated: (0..n).collect(),
+        // As Calico starts a block's: the time in nanoseconds, so that a
+        // block deleted and made again never hands an address the
+        // sequence number it had before (a release naming the old
+        // allocation's number then frees nothing).
+        sequence_number: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         ..IpamBlockSpec::default()
     }
 }
@@ -390,6 +397,22 @@ mod tests {
     }
 
     const NONE: &(dyn Fn(IpAddr) -> bool + Sync) = &|_| false;
+
+    #[test]
+    fn a_block_made_again_numbers_its_allocations_anew() {
+        let cidr: IpNet = "10.0.0.0/30".parse().unwrap();
+        let first = new_block(&cidr, None, None);
+        // Nanoseconds since the epoch, as Calico starts a block's.
+        assert!(first.sequence_number > 1_700_000_000_000_000_000);
+        let mut again = new_block(&cidr, None, None);
+        assert!(again.sequence_number > first.sequence_number);
+        let got = assign(&mut again, &cidr, 1, "h", &attrs("p"), NONE);
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            again.sequence_number_for_allocation["0"],
+            again.sequence_number
+        );
+    }
 
     #[test]
     fn fifo_assign_and_release() {

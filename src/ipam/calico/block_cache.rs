@@ -138,6 +138,114 @@ impl BlockCache {
         }
     }
 
+    /// The blocks not `affinity`'s (other hosts') of the family asked
+    /// that this host's calls last wrote (borrowed from) and that had a
+    /// free address then, in address order.
+    pub async fn borrowed(&self, affinity: &str, v6: bool) -> Vec<ipnet::IpNet> {
+        if !self.usable() {
+            return Vec::new();
+        }
+        let (dir, datastore, affinity) = (
+            self.dir.clone(),
+            self.datastore.clone(),
+            affinity.to_string(),
+        );
+        let copies = blocking(move || with_room(&dir, &datastore, v6))
+            .await
+            .unwrap_or_default();
+        let mut borrowed: Vec<ipnet::IpNet> = copies
+            .into_iter()
+            .filter(|(_, a)| a.as_deref() != Some(affinity.as_str()))
+            .map(|(c, _)| c)
+            .collect();
+        borrowed.sort();
+        borrowed
+    }
+
+    /// How many block claims this host's calls have started, as counted
+    /// beside the lock ([`claims_started`]).
+    pub async fn claims(&self) -> Option<u64> {
+        if !self.usable() {
+            return None;
+        }
+        let dir = self.dir.clone();
+        blocking(move || read_claims(&dir)).await.flatten()
+    }
+
+    /// Counts a claim about to start (before its affinity is written): a
+    /// call that read this host's affinities ahead of the lock sees, under
+    /// it, whether any claim may have changed them since.
+    pub async fn note_claim(&self) {
+        if !self.usable() {
+            return;
+        }
+        let dir = self.dir.clone();
+        let written = blocking(move || {
+            let next = read_claims(&dir).unwrap_or(0).wrapping_add(1);
+            let path = dir.join(CLAIMS);
+            let part = dir.join(format!("{CLAIMS}.{}", std::process::id()));
+            write_whole(&dir, &part, &path, next.to_string().as_bytes())
+        })
+        .await;
+        if let Some(Err(e)) = written {
+            // (Unreadable, the count is not trusted: affinities are read
+            // again.)
+            tracing::debug!("counting a block claim: {e}");
+            let _ = std::fs::remove_file(self.dir.join(CLAIMS));
+        }
+    }
+
+    /// Whether a claim found no free block in `pools` (their CIDRs and
+    /// block sizes, as [`BlockCache::note_pools_full`] was given them)
+    /// less than [`POOLS_FULL_FOR`] ago.
+    pub async fn pools_full(&self, pools: &str) -> bool {
+        if !self.usable() {
+            return false;
+        }
+        let path = self.dir.join(POOLS_FULL);
+        let pools = pools.to_string();
+        blocking(move || {
+            let text = std::fs::read_to_string(&path).ok()?;
+            let (at, noted) = text.split_once(' ')?;
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(at.parse().ok()?);
+            let age = std::time::SystemTime::now().duration_since(at).ok()?;
+            Some(noted == pools && age < POOLS_FULL_FOR)
+        })
+        .await
+        .flatten()
+        .unwrap_or(false)
+    }
+
+    /// Notes that a claim found no free block in `pools` (or forgets it:
+    /// `None`, a block was claimed).
+    pub async fn note_pools_full(&self, pools: Option<&str>) {
+        if !self.usable() {
+            return;
+        }
+        let dir = self.dir.clone();
+        let path = dir.join(POOLS_FULL);
+        let text = pools.map(|p| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            format!("{} {p}", now.as_millis())
+        });
+        let written = blocking(move || match text {
+            Some(text) => {
+                let part = dir.join(format!("{POOLS_FULL}.{}", std::process::id()));
+                write_whole(&dir, &part, &path, text.as_bytes())
+            }
+            None => match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        })
+        .await;
+        if let Some(Err(e)) = written {
+            tracing::debug!("noting the pools' free blocks: {e}");
+        }
+    }
+
     /// Drops the copy of block `name` (its write failed, or it is gone).
     pub async fn forget(&self, name: &str) {
         let Some(path) = self.path(name) else {
@@ -153,13 +261,43 @@ impl BlockCache {
     }
 }
 
+/// The file noting when a claim last found no free block in the pools.
+const POOLS_FULL: &str = ".pools-full";
+
+/// How long a claim that found no free block spares the next ones (on
+/// this host, in the same pools) their list of every block: they borrow
+/// at once. Blocks are freed rarely (a node deleted, an empty block
+/// released), and one freed meanwhile is claimed this much later.
+pub const POOLS_FULL_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The file counting this host's block claims, beside the copies (a name
+/// with a dot: never taken for a copy).
+const CLAIMS: &str = ".claims";
+
+/// The count (none kept yet: 0; unreadable: `None`).
+fn read_claims(dir: &Path) -> Option<u64> {
+    match std::fs::read_to_string(dir.join(CLAIMS)) {
+        Ok(text) => text.trim().parse().ok(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(0),
+        Err(_) => None,
+    }
+}
+
+/// How many block claims this host's calls (those taking the lock of
+/// `lock_file`) have started, read without the lock, before this host's
+/// affinities are read ahead of it (`None`: not known).
+pub async fn claims_started(lock_file: &Path) -> Option<u64> {
+    let dir = dir_beside(lock_file);
+    blocking(move || read_claims(&dir)).await.flatten()
+}
+
 /// The block a call of this host most likely takes its next address
 /// from, as the copies beside `lock_file` tell it, read without the lock
 /// (a guess, for writing the handle before the lock; the allocation
-/// itself starts from the block under the lock): of `datastore`, this
-/// host's (`affinity`), of the family asked, not deleted, with a free
-/// address; the lowest, as the allocator tries this host's blocks in
-/// address order.
+/// itself starts from the block under the lock): of `datastore`, of the
+/// family asked, not deleted, with a free address; the lowest of this
+/// host's (`affinity`), as the allocator tries this host's blocks in
+/// address order, else the lowest it borrowed from.
 pub async fn likely_block(
     lock_file: &Path,
     datastore: String,
@@ -167,39 +305,49 @@ pub async fn likely_block(
     v6: bool,
 ) -> Option<ipnet::IpNet> {
     let dir = dir_beside(lock_file);
-    blocking(move || {
-        let mut likely: Option<ipnet::IpNet> = None;
-        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
-            let name = entry.file_name();
-            // Copies only, not another process's part-written file.
-            let Some(name) = name.to_str().filter(|n| !n.contains('.')) else {
-                continue;
-            };
-            let Ok(bytes) = std::fs::read(entry.path()) else {
-                continue;
-            };
-            let Ok(copy) = serde_json::from_slice::<Copy>(&bytes) else {
-                continue;
-            };
-            let spec = &copy.block.spec;
-            let Ok(cidr) = spec.cidr.parse::<ipnet::IpNet>() else {
-                continue;
-            };
-            if copy.datastore == datastore
-                && copy.block.metadata.name == name
-                && spec.affinity.as_deref() == Some(affinity.as_str())
-                && !spec.deleted
-                && !spec.unallocated.is_empty()
-                && cidr.addr().is_ipv6() == v6
-                && likely.is_none_or(|l| cidr < l)
-            {
-                likely = Some(cidr);
-            }
+    let copies = blocking(move || with_room(&dir, &datastore, v6)).await?;
+    let (mine, others): (Vec<_>, Vec<_>) = copies
+        .into_iter()
+        .partition(|(_, a)| a.as_deref() == Some(affinity.as_str()));
+    mine.into_iter()
+        .map(|(c, _)| c)
+        .min()
+        .or_else(|| others.into_iter().map(|(c, _)| c).min())
+}
+
+/// The blocks of `datastore` of the family asked, not deleted, with a free
+/// address, as the copies in `dir` last saw them, with their affinities.
+fn with_room(dir: &Path, datastore: &str, v6: bool) -> Vec<(ipnet::IpNet, Option<String>)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        // Copies only, not another process's part-written file.
+        let Some(name) = name.to_str().filter(|n| !n.contains('.')) else {
+            continue;
+        };
+        let Ok(bytes) = std::fs::read(entry.path()) else {
+            continue;
+        };
+        let Ok(copy) = serde_json::from_slice::<Copy>(&bytes) else {
+            continue;
+        };
+        let spec = copy.block.spec;
+        let Ok(cidr) = spec.cidr.parse::<ipnet::IpNet>() else {
+            continue;
+        };
+        if copy.datastore == datastore
+            && copy.block.metadata.name == name
+            && !spec.deleted
+            && !spec.unallocated.is_empty()
+            && cidr.addr().is_ipv6() == v6
+        {
+            found.push((cidr, spec.affinity));
         }
-        likely
-    })
-    .await
-    .flatten()
+    }
+    found
 }
 
 /// Writes `bytes` to `path` whole: to `part` (0600, in `dir`, made 0700
@@ -268,5 +416,98 @@ mod tests {
         cache.put(&block("10-0-0-64-26", "9")).await;
         drop(held);
         assert!(cache.get("10-0-0-64-26").await.is_none());
+    }
+
+    fn with_affinity(cidr: &str, affinity: Option<&str>, free: bool) -> IpamBlock {
+        let net: ipnet::IpNet = cidr.parse().unwrap();
+        let mut b = IpamBlock::new(
+            &crate::datastore::ipam_model::cidr_name(&net),
+            crate::ipam::calico::block::new_block(&net, affinity.map(str::to_string), None),
+        );
+        if !free {
+            b.spec.unallocated.clear();
+        }
+        b
+    }
+
+    #[tokio::test]
+    async fn the_blocks_borrowed_from_are_the_other_hosts_with_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("ipam.lock");
+        let held = Arc::new(());
+        let cache = BlockCache::new(&lock, "kubernetes https://a".into(), &held);
+        cache
+            .put(&with_affinity("10.0.0.0/26", Some("host:me"), true))
+            .await;
+        cache
+            .put(&with_affinity("10.0.1.0/26", Some("host:other"), true))
+            .await;
+        cache
+            .put(&with_affinity("10.0.0.128/26", Some("host:other"), true))
+            .await;
+        cache.put(&with_affinity("10.0.2.0/26", None, false)).await;
+        let borrowed = cache.borrowed("host:me", false).await;
+        let want: Vec<ipnet::IpNet> = vec![
+            "10.0.0.128/26".parse().unwrap(),
+            "10.0.1.0/26".parse().unwrap(),
+        ];
+        assert_eq!(borrowed, want, "others' blocks with room, in address order");
+        assert!(cache.borrowed("host:me", true).await.is_empty());
+        // The likely block is this host's first; without one with room, the
+        // lowest borrowed from.
+        let likely = |a: &str| likely_block(&lock, "kubernetes https://a".into(), a.into(), false);
+        assert_eq!(
+            likely("host:me").await,
+            Some("10.0.0.0/26".parse().unwrap())
+        );
+        cache
+            .put(&with_affinity("10.0.0.0/26", Some("host:me"), false))
+            .await;
+        assert_eq!(
+            likely("host:me").await,
+            Some("10.0.0.128/26".parse().unwrap())
+        );
+    }
+
+    #[tokio::test]
+    async fn claims_are_counted_and_a_full_pool_noted_for_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("ipam.lock");
+        let held = Arc::new(());
+        let cache = BlockCache::new(&lock, "etcd 1".into(), &held);
+        // None counted yet: 0, before and under the lock alike.
+        assert_eq!(claims_started(&lock).await, Some(0));
+        assert_eq!(cache.claims().await, Some(0));
+        cache.note_claim().await;
+        cache.note_claim().await;
+        assert_eq!(claims_started(&lock).await, Some(2));
+        assert_eq!(cache.claims().await, Some(2));
+        // The count is never taken for a block's copy.
+        assert!(cache.borrowed("host:me", false).await.is_empty());
+        // An unreadable count is not trusted.
+        std::fs::write(dir_beside(&lock).join(CLAIMS), "x").unwrap();
+        assert_eq!(claims_started(&lock).await, None);
+
+        let pools = "10.0.0.0/22/26";
+        assert!(!cache.pools_full(pools).await);
+        cache.note_pools_full(Some(pools)).await;
+        assert!(cache.pools_full(pools).await);
+        assert!(!cache.pools_full("10.0.4.0/22/26").await, "other pools");
+        // Older than POOLS_FULL_FOR: looked at again.
+        let old = std::time::SystemTime::now() - POOLS_FULL_FOR - std::time::Duration::from_secs(1);
+        let ms = old
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        std::fs::write(dir_beside(&lock).join(POOLS_FULL), format!("{ms} {pools}")).unwrap();
+        assert!(!cache.pools_full(pools).await);
+        cache.note_pools_full(Some(pools)).await;
+        cache.note_pools_full(None).await;
+        assert!(!cache.pools_full(pools).await);
+        // Not while the lock is let go.
+        cache.note_pools_full(Some(pools)).await;
+        drop(held);
+        assert!(!cache.pools_full(pools).await);
+        assert_eq!(cache.claims().await, None);
     }
 }

@@ -196,7 +196,7 @@ pub async fn read_add(
         Some(ahead)
     };
     let (inputs, lock, handle) = tokio::join!(
-        allocator.read_ahead(&auto),
+        read_ahead_counted(&allocator, &auto, &lock_file),
         lock::open_ahead(lock_file.clone()),
         write
     );
@@ -217,6 +217,19 @@ pub async fn read_add(
         lock,
         handle,
     })
+}
+
+/// An auto-assignment's inputs read ahead of the lock of `lock_file`,
+/// this host's claims counted first (under the lock, an unchanged count
+/// spares reading its affinities again).
+async fn read_ahead_counted(
+    allocator: &Allocator<'_>,
+    auto: &AutoAssign<'_>,
+    lock_file: &std::path::Path,
+) -> std::result::Result<super::allocator::Inputs, IpamError> {
+    let claims = super::block_cache::claims_started(lock_file).await;
+    let inputs = allocator.read_ahead(auto).await?;
+    Ok(inputs.after_claims(claims))
 }
 
 /// What [`read_add`] wrote ahead, taken back: the ADD's addresses come
@@ -550,7 +563,9 @@ pub async fn add_from(
             let read = async {
                 match early {
                     Some((inputs, opened)) => Ok((inputs, opened)),
-                    None => allocator.read_ahead(&auto).await.map(|i| (i, None)),
+                    None => read_ahead_counted(&allocator, &auto, &lock_file)
+                        .await
+                        .map(|i| (i, None)),
                 }
             };
             let write = async {

@@ -107,6 +107,7 @@ impl<'a> Allocator<'a> {
             reserved,
             affinities: [affinities4, affinities6],
             ahead,
+            claims_seen,
         } = inputs;
         let mut assigned = Assigned::default();
         for (v6, num, requested, affinities) in [
@@ -128,6 +129,7 @@ impl<'a> Allocator<'a> {
                     Affinities {
                         list: affinities.unwrap_or_default(),
                         ahead,
+                        claims_seen,
                     },
                 )
                 .await;
@@ -228,7 +230,7 @@ impl<'a> Allocator<'a> {
         let mut full_copies = Vec::new();
         let mut affine = self.affine_blocks(affinities.list).await?;
         from_affine(&affine, &mut ips, &mut full_copies).await?;
-        if ips.len() < num && affinities.ahead {
+        if ips.len() < num && affinities.ahead && self.claimed_since(affinities.claims_seen).await {
             let claimed_since: Vec<IpNet> = self
                 .affine_blocks(self.host_affinities(v6).await?)
                 .await?
@@ -256,6 +258,8 @@ impl<'a> Allocator<'a> {
             (g, r) => g.min(r),
         };
         let mut owned = affine.len();
+        // The block names a claim listed last (borrowing looks at them).
+        let listed = std::sync::Mutex::new(None);
         let new_blocks = async |ips: &mut Vec<IpNet>, owned: &mut usize| {
             while ips.len() < num {
                 if !config.auto_allocate_blocks {
@@ -266,7 +270,7 @@ impl<'a> Allocator<'a> {
                         "Need to allocate an IPAM block but could not - limit of {limit} blocks reached for this node"
                     )));
                 }
-                let Some(cidr) = self.claim_new_block(&pools).await? else {
+                let Some(cidr) = self.claim_new_block(&pools, &listed).await? else {
                     break;
                 };
                 *owned += 1;
@@ -285,37 +289,57 @@ impl<'a> Allocator<'a> {
             if config.strict_affinity {
                 messages.push("No more free affine blocks and strict affinity enabled".to_string());
             } else {
-                let names = self
-                    .store
-                    .list_names(IpamBlock::KIND, "")
-                    .await
-                    .map_err(ds("error listing IPAM blocks"))?;
-                let mut candidates: Vec<IpNet> = names
-                    .iter()
-                    .filter_map(|n| cidr_of_block_name(n))
-                    // Every block of the pools, each read fresh below: one
-                    // full (or deleted) when listed may have changed since.
-                    .filter(|c| in_pools(c) && c.addr().is_ipv6() == v6)
-                    .collect();
-                // Hosts start at different places (as new blocks do).
-                if !candidates.is_empty() {
-                    let start = (host_seed(self.host) % candidates.len() as u128) as usize;
-                    candidates.rotate_left(start);
-                }
-                for cidr in candidates {
+                // First the blocks this host last borrowed from (as its
+                // copies tell: most often one with room, and no list),
+                // then every block of the pools.
+                let mut tried = Vec::new();
+                let borrowed = match self.blocks.get() {
+                    Some(cache) => cache.borrowed(&self.affinity_value(), v6).await,
+                    None => Vec::new(),
+                };
+                for cidr in borrowed.into_iter().filter(|c| in_pools(c)) {
                     if ips.len() == num {
                         break;
                     }
-                    let got = self
-                        .assign_from_block(
-                            &cidr,
-                            num - ips.len(),
-                            req,
-                            &reserved,
-                            Candidate::Borrowed,
-                        )
-                        .await?;
-                    ips.extend(got.addresses());
+                    tried.push(cidr);
+                    ips.extend(
+                        self.borrow_from(&cidr, num - ips.len(), req, &reserved)
+                            .await?,
+                    );
+                }
+                if ips.len() < num {
+                    let earlier = listed.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    let names = match earlier {
+                        Some(names) => names,
+                        None => self
+                            .store
+                            .list_names(IpamBlock::KIND, "")
+                            .await
+                            .map_err(ds("error listing IPAM blocks"))?,
+                    };
+                    let mut candidates: Vec<IpNet> = names
+                        .iter()
+                        .filter_map(|n| cidr_of_block_name(n))
+                        // Every block of the pools, each read fresh below:
+                        // one full (or deleted) when listed may have
+                        // changed since.
+                        .filter(|c| in_pools(c) && c.addr().is_ipv6() == v6)
+                        .filter(|c| !tried.contains(c))
+                        .collect();
+                    // Hosts start at different places (as new blocks do).
+                    if !candidates.is_empty() {
+                        let start = (host_seed(self.host) % candidates.len() as u128) as usize;
+                        candidates.rotate_left(start);
+                    }
+                    for cidr in candidates {
+                        if ips.len() == num {
+                            break;
+                        }
+                        ips.extend(
+                            self.borrow_from(&cidr, num - ips.len(), req, &reserved)
+                                .await?,
+                        );
+                    }
                 }
             }
         }
@@ -332,6 +356,33 @@ impl<'a> Allocator<'a> {
             messages.push(format!("No IPs available in pools: {nets:?}"));
         }
         Ok(FamilyOutcome { ips, messages })
+    }
+
+    /// Whether a claim of this host's may have started since its
+    /// affinities were read ahead, after `seen` claims: unless the count
+    /// kept beside the lock (held) still says `seen`.
+    async fn claimed_since(&self, seen: Option<u64>) -> bool {
+        let Some(seen) = seen else {
+            return true;
+        };
+        match self.blocks.get() {
+            Some(cache) => cache.claims().await != Some(seen),
+            None => true,
+        }
+    }
+
+    /// Up to `n` addresses borrowed from another host's block.
+    async fn borrow_from(
+        &self,
+        cidr: &IpNet,
+        n: usize,
+        req: &AutoAssign<'_>,
+        reserved: &(dyn Fn(IpAddr) -> bool + Sync),
+    ) -> Result<Vec<IpNet>, IpamError> {
+        let got = self
+            .assign_from_block(cidr, n, req, reserved, Candidate::Borrowed)
+            .await?;
+        Ok(got.addresses())
     }
 
     /// The blocks of these affinities that are this host's (a pending one,
@@ -360,7 +411,8 @@ impl<'a> Allocator<'a> {
 
     /// Takes up to `n` addresses from the block for the request's handle:
     /// the handle first, then the block on the revision read (a lost race
-    /// gives the handle back and reads again).
+    /// reads the block again; the handle keeps its count while the next
+    /// attempt takes as many, and gives back what no write took).
     pub(super) async fn assign_from_block(
         &self,
         cidr: &IpNet,
@@ -368,6 +420,36 @@ impl<'a> Allocator<'a> {
         req: &AutoAssign<'_>,
         reserved: &(dyn Fn(IpAddr) -> bool + Sync),
         candidate: Candidate,
+    ) -> Result<Taken, IpamError> {
+        let mut counted = 0;
+        let taken = self
+            .take_from_block(cidr, n, req, reserved, candidate, &mut counted)
+            .await;
+        if counted > 0 {
+            // The handle counts addresses whose block write never landed.
+            let given_back = self.decrement_handle(req.handle, cidr, Some(counted)).await;
+            match (&taken, given_back) {
+                (Ok(_), Err(e)) => return Err(e),
+                (Err(_), Err(e)) => {
+                    tracing::warn!(handle = %req.handle, %cidr, "giving back the handle's count of {counted}: {e}")
+                }
+                _ => {}
+            }
+        }
+        taken
+    }
+
+    /// [`Allocator::assign_from_block`]'s attempts; `counted`: how many
+    /// addresses of `cidr` the handle counts for this call that no block
+    /// write holds (yet).
+    async fn take_from_block(
+        &self,
+        cidr: &IpNet,
+        n: usize,
+        req: &AutoAssign<'_>,
+        reserved: &(dyn Fn(IpAddr) -> bool + Sync),
+        candidate: Candidate,
+        counted: &mut usize,
     ) -> Result<Taken, IpamError> {
         let what = format!("error updating IPAMBlock({})", cidr_name(cidr));
         let none = || Ok(Taken::Addresses(Vec::new()));
@@ -386,6 +468,7 @@ impl<'a> Allocator<'a> {
                 // The handle's count as the block has it (a write of this
                 // call's that lost took its count back).
                 self.reconcile_handle(req.handle, cidr).await?;
+                *counted = 0;
                 return Ok(Taken::Addresses(with_prefixes(mine, cidr)));
             }
             let usable = candidate == Candidate::Borrowed
@@ -443,29 +526,38 @@ impl<'a> Allocator<'a> {
                     _ => self.gather(&blk, cidr, req, reserved).await,
                 }
             };
-            let (own, mut group) =
-                tokio::join!(self.handle_for(req.handle, cidr, got.len()), gather);
+            // The handle's count made this attempt's (a retry after a
+            // lost race most often takes as many: no write).
+            let own = async {
+                match got.len().cmp(counted) {
+                    std::cmp::Ordering::Greater => {
+                        self.handle_for(req.handle, cidr, got.len() - *counted)
+                            .await
+                    }
+                    std::cmp::Ordering::Less => {
+                        self.decrement_handle(req.handle, cidr, Some(*counted - got.len()))
+                            .await
+                    }
+                    std::cmp::Ordering::Equal => Ok(()),
+                }
+            };
+            let (own, mut group) = tokio::join!(own, gather);
             own?;
+            *counted = got.len();
             Self::assign_group(&mut blk, cidr, &mut group, reserved);
             crate::fault::kill_point("ipam-handle");
             match self.put_block(&mut blk).await {
                 Ok(_) => {
+                    *counted = 0;
                     self.record_served(group, cidr).await;
                     return Ok(Taken::Addresses(with_prefixes(got, cidr)));
                 }
-                Err(e) => {
-                    self.decrement_handle(req.handle, cidr, Some(got.len()))
-                        .await?;
-                    match e {
-                        DatastoreError::Conflict(_) => continue,
-                        DatastoreError::NotFound(_) => return none(),
-                        // A write from a copy the datastore refuses for
-                        // another reason (a uid it does not know): the
-                        // block is read again.
-                        _ if from_copy => continue,
-                        e => return Err(ds(what)(e)),
-                    }
-                }
+                Err(DatastoreError::Conflict(_)) => continue,
+                Err(DatastoreError::NotFound(_)) => return none(),
+                // A write from a copy the datastore refuses for another
+                // reason (a uid it does not know): the block is read again.
+                Err(_) if from_copy => continue,
+                Err(e) => return Err(ds(what)(e)),
             }
         }
         Err(contention(&what))

@@ -11,7 +11,7 @@ use super::super::IpamError;
 use super::super::block;
 use super::super::block_cache::BlockCache;
 use super::{Allocator, ds};
-use crate::datastore::ipam_model::{IpamBlock, cidr_name};
+use crate::datastore::ipam_model::{ATTR_NODE, IpamBlock, cidr_name};
 use crate::datastore::{DatastoreError, Precondition, Resource};
 
 impl<'a> Allocator<'a> {
@@ -35,17 +35,40 @@ impl<'a> Allocator<'a> {
     }
 
     /// The block a write starts from: the copy kept under the lock where
-    /// `copy` allows it (a write's first attempt), `true` with it; else
-    /// the block read now.
+    /// `copy` allows it (a write's first attempt) and only this host
+    /// writes the block, `true` with it; else the block read now (a copy
+    /// of a block gone is forgotten).
     pub(super) async fn block_to_write(
         &self,
         cidr: &IpNet,
         copy: bool,
     ) -> Result<(Option<IpamBlock>, bool), IpamError> {
-        if copy && let Some(copy) = self.cached_block(cidr).await {
+        if copy
+            && let Some(copy) = self.cached_block(cidr).await
+            && self.written_here_alone(&copy)
+        {
             return Ok((Some(copy), true));
         }
-        Ok((self.get_block(cidr).await?, false))
+        let read = self.get_block(cidr).await?;
+        if read.is_none() {
+            self.keep_block(&cidr_name(cidr), None).await;
+        }
+        Ok((read, false))
+    }
+
+    /// Whether this host is, as far as the block tells, its only writer:
+    /// its affinity is this host's and no allocation in it names another
+    /// node. Another host's block, or one other hosts borrow from, changes
+    /// between this host's calls, so that a copy of it would mostly lose
+    /// its compare-and-swap (a wasted write and, on the API server, the
+    /// handle's count written twice more): it is read instead.
+    fn written_here_alone(&self, blk: &IpamBlock) -> bool {
+        blk.spec.affinity.as_deref() == Some(&self.affinity_value())
+            && blk.spec.attributes.iter().all(|a| {
+                [&a.secondary, &a.alternate]
+                    .iter()
+                    .all(|attrs| attrs.get(ATTR_NODE).is_none_or(|n| n == self.host))
+            })
     }
 
     /// Keeps the block as the datastore answered its write, or forgets the

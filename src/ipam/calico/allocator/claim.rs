@@ -63,19 +63,34 @@ impl<'a> Allocator<'a> {
     }
 
     /// Claims the first free block of the pools (in this host's order);
-    /// `None` when every block exists.
+    /// `None` when every block exists. The block names listed are left in
+    /// `listed` (for borrowing, which looks at the same blocks next).
     pub(super) async fn claim_new_block(
         &self,
         pools: &[IpPool],
+        listed: &std::sync::Mutex<Option<Vec<String>>>,
     ) -> Result<Option<IpNet>, IpamError> {
+        // A claim that found none free a moment ago spares this one the
+        // list (the pools and their block sizes as the note's key).
+        let key = pools
+            .iter()
+            .map(|p| format!("{}/{}", p.spec.cidr, p.spec.effective_block_size()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let cache = self.blocks.get();
+        if let Some(cache) = cache
+            && cache.pools_full(&key).await
+        {
+            return Ok(None);
+        }
         // Names only: which blocks exist, not what they hold.
-        let existing: HashSet<String> = self
+        let names = self
             .store
             .list_names(IpamBlock::KIND, "")
             .await
-            .map_err(ds("error listing IPAM blocks"))?
-            .into_iter()
-            .collect();
+            .map_err(ds("error listing IPAM blocks"))?;
+        let existing: HashSet<String> = names.iter().cloned().collect();
+        *listed.lock().unwrap_or_else(|p| p.into_inner()) = Some(names);
         for pool in pools {
             let Some(net) = pool.spec.network() else {
                 continue;
@@ -89,6 +104,9 @@ impl<'a> Allocator<'a> {
                     return Ok(Some(cidr));
                 }
             }
+        }
+        if let Some(cache) = cache {
+            cache.note_pools_full(Some(&key)).await;
         }
         Ok(None)
     }
@@ -110,6 +128,9 @@ impl<'a> Allocator<'a> {
         );
         affinity.metadata.labels = affinity_labels(self.host, cidr);
         let what = format!("error claiming block {cidr}");
+        if let Some(cache) = self.blocks.get() {
+            cache.note_claim().await;
+        }
         let mut affinity = match self.store.create(&mut affinity).await {
             Ok(a) => a,
             Err(DatastoreError::AlreadyExists(_)) => {

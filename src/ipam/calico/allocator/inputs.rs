@@ -35,9 +35,21 @@ pub struct Inputs {
     pub(super) affinities: [Option<Vec<BlockAffinity>>; 2],
     /// Read before the host lock was held.
     pub(super) ahead: bool,
+    /// The host's claims counted before the affinities were read ahead
+    /// ([`super::super::block_cache::claims_started`]; `None`: not known).
+    pub(super) claims_seen: Option<u64>,
 }
 
 impl Inputs {
+    /// The inputs, read ahead after this host's claims were counted
+    /// `claims_seen`.
+    pub fn after_claims(self, claims_seen: Option<u64>) -> Inputs {
+        Inputs {
+            claims_seen,
+            ..self
+        }
+    }
+
     /// IPAMConfig as read.
     pub fn config(&self) -> &IpamConfigSpec {
         &self.config
@@ -47,8 +59,10 @@ impl Inputs {
 /// One family's affinities as an assignment got them.
 pub(super) struct Affinities {
     pub(super) list: Vec<BlockAffinity>,
-    /// Read before the host lock: read again before a block is claimed.
+    /// Read before the host lock: read again before a block is claimed
+    /// (unless no claim of this host's started since they were read).
     pub(super) ahead: bool,
+    pub(super) claims_seen: Option<u64>,
 }
 
 impl<'a> Allocator<'a> {
@@ -188,13 +202,13 @@ impl<'a> Allocator<'a> {
         // Read ahead of the lock, the node's labels too when a pool's node
         // selector will need them, as soon as the pools say so (a failure
         // is left for the assignment to meet, and report, when it asks).
-        // Where reads made at once cost one request (etcd), and on the
-        // Kubernetes API, whose requests go at once on one connection, the
-        // node is read with the pools rather than after them, in case they
-        // need it (Calico reads it for every assignment): waiting for the
-        // pools put the node's round trip between the reads and the lock.
-        let with_pools = self.store.reads_together()
-            || self.store.backend() == crate::datastore::Backend::Kubernetes;
+        // Where reads made at once cost one request (etcd), the node is
+        // read with the pools rather than after them, in case they need
+        // it. On the Kubernetes API it is read only when they do (Calico
+        // reads it for every assignment): a request per ADD saved where no
+        // pool selects nodes, a round trip more before the lock where one
+        // does (issue 46: requests per pod at cluster scale).
+        let with_pools = self.store.reads_together();
         let pools = async {
             if ahead && with_pools {
                 let (pools, _) = tokio::join!(self.pools(), req.labels.node_labels());
@@ -220,6 +234,7 @@ impl<'a> Allocator<'a> {
             reserved,
             affinities: [v4, v6],
             ahead,
+            claims_seen: None,
         })
     }
 }
