@@ -246,7 +246,7 @@ fn relayed_config(
         let endpoints = var("TESTBED_CALICO_ETCD_ENDPOINTS")?;
         let relayed: Vec<String> = endpoints
             .split(',')
-            .map(|e| relay::relayed_url(e.trim()).map(|(url, _)| url))
+            .map(|e| relay::relayed_url(e.trim()))
             .collect::<Result<_, _>>()?;
         conf["etcd_endpoints"] = json!(relayed.join(","));
     } else {
@@ -257,7 +257,7 @@ fn relayed_config(
             // (The test bed's: JSON.)
             for cluster in json["clusters"].as_array_mut().into_iter().flatten() {
                 let server = cluster["cluster"]["server"].as_str().unwrap_or_default();
-                let (relayed, _) = relay::relayed_url(server)?;
+                let relayed = relay::relayed_url(server)?;
                 cluster["cluster"]["server"] = json!(relayed);
             }
             text = json.to_string();
@@ -265,7 +265,7 @@ fn relayed_config(
         for line in kubeconfig.lines().filter(|_| json.is_none()) {
             match line.trim_start().strip_prefix("server:") {
                 Some(url) => {
-                    let (relayed, _) = relay::relayed_url(url.trim().trim_matches('"'))?;
+                    let relayed = relay::relayed_url(url.trim().trim_matches('"'))?;
                     let indent = &line[..line.len() - line.trim_start().len()];
                     text.push_str(&format!("{indent}server: {relayed}\n"));
                 }

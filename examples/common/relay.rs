@@ -111,9 +111,9 @@ impl Relay {
     }
 }
 
-/// `url` (`scheme://host:port[/…]`) with its authority replaced by the
-/// relay's, and the address it named.
-pub fn relayed_url(url: &str) -> std::io::Result<(String, SocketAddr)> {
+/// `url` (`scheme://host:port[/…]`) with its authority replaced by a new
+/// relay's (to the address it named).
+pub fn relayed_url(url: &str) -> std::io::Result<String> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| std::io::Error::other(format!("no scheme in {url}")))?;
@@ -126,7 +126,7 @@ pub fn relayed_url(url: &str) -> std::io::Result<(String, SocketAddr)> {
         .map_err(|e| std::io::Error::other(format!("{authority}: {e}")))?;
     let relay = Relay::start(target)?;
     RELAYS.lock().unwrap().push(relay.clone());
-    Ok((format!("{scheme}://{}{path}", relay.addr), target))
+    Ok(format!("{scheme}://{}{path}", relay.addr))
 }
 
 /// Every relay [`relayed_url`] started.
