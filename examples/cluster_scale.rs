@@ -34,6 +34,9 @@
 //! `--cleanup` removes what runs that did not finish left (pools, blocks,
 //! affinities, handles and nodes named `sim-…`) and exits. Exits non-zero
 //! on a duplicate or a leak of ours (Calico's are reported, not judged).
+//! Diagnosis: `CLUSTER_SCALE_SLOWEST=1` prints the 20 slowest ADDs (their
+//! container, node and start); `CLUSTER_SCALE_LOG_LEVEL=debug` sets the
+//! plugins' log level (each node's `cni.log` in the run's directory).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -298,7 +301,9 @@ fn network_config(o: &Options, node: &SimNode, pool: &IpNet) -> Result<Value, Fa
         "type": "calico",
         "nodename": node.name,
         "nodename_file_optional": true,
-        "log_level": "warning",
+        // (CLUSTER_SCALE_LOG_LEVEL=debug: each call's steps in the
+        // node's cni.log, at a cost in CPU.)
+        "log_level": std::env::var("CLUSTER_SCALE_LOG_LEVEL").unwrap_or_else(|_| "warning".into()),
         "log_file_path": node.dir.join("cni.log"),
         "local_datastore_path": node.dir.join("state/calico.db"),
         "ipam_lock_file": node.dir.join("ipam.lock"),
@@ -1266,7 +1271,8 @@ async fn run_one(
         adds.sort_by_key(|c| std::cmp::Reverse(c.ended - c.started));
         for c in adds.iter().take(20) {
             eprintln!(
-                "cluster_scale {who}: slow ADD on node {} at {:.1} s: {:.1} ms",
+                "cluster_scale {who}: slow ADD {} on node {} at {:.1} s: {:.1} ms",
+                c.cid,
                 c.node,
                 first.map_or(0.0, |f| (c.started - f).as_secs_f64()),
                 (c.ended - c.started).as_secs_f64() * 1e3

@@ -120,7 +120,13 @@ fn claims_a_block_with_two_phase_affinity_and_releases_by_handle() {
     assert_eq!(b.spec.allocations[0], Some(0));
     assert_eq!(b.spec.unallocated.len(), 63);
     assert_eq!(b.spec.attributes[0].handle_id.as_deref(), Some("net1.c1"));
-    assert_eq!(b.spec.sequence_number, 1);
+    // The block numbers its allocations from the time it was made (as
+    // Calico's newBlock does); the first allocation took that number.
+    assert!(b.spec.sequence_number > 1_700_000_000_000_000_000);
+    assert_eq!(
+        b.spec.sequence_number_for_allocation["0"] + 1,
+        b.spec.sequence_number
+    );
     let affinities = run(s.list::<BlockAffinity>("", &ListFilter::All)).unwrap();
     assert_eq!(affinities.len(), 1);
     let a = &affinities[0];

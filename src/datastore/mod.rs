@@ -354,6 +354,13 @@ pub trait Store: Send + Sync {
         false
     }
 
+    /// Holds back the reads made at once (where [`Store::reads_together`])
+    /// until the hold is dropped: reads its holder makes once a short
+    /// local step is done still go with those made before it.
+    fn hold_reads(&self) -> ReadsHold {
+        ReadsHold::default()
+    }
+
     /// Applies every one of `writes` or none (one transaction), each on
     /// its own precondition as [`Store::create_object`] and
     /// [`Store::update_object`] check it: the objects as stored, in order,
@@ -398,6 +405,16 @@ pub trait Store: Send + Sync {
     /// to a deadline of their own, so it serves as it is.
     fn until(&self, _deadline: tokio::time::Instant) -> Option<std::sync::Arc<dyn Store>> {
         None
+    }
+}
+
+/// [`Store::hold_reads`]'s hold (nothing where reads are not batched).
+#[derive(Default)]
+pub struct ReadsHold(#[allow(dead_code)] Option<Box<dyn std::any::Any + Send + Sync>>);
+
+impl ReadsHold {
+    pub fn new(hold: impl std::any::Any + Send + Sync) -> ReadsHold {
+        ReadsHold(Some(Box::new(hold)))
     }
 }
 

@@ -4,7 +4,10 @@
 //! task that is ready, then sent as one read-only transaction rather than
 //! a request apiece. On a busy etcd each request through its gateway costs
 //! more than the ranges it carries, so a burst of pods waits less on it.
-//! A read made alone is sent as a plain range, as before.
+//! A read made alone is sent as a plain range, as before. A caller about
+//! to read once a short local step is done (a file read off the runtime
+//! thread) holds the batch meanwhile ([`Batch::hold`]), so that its reads
+//! still go with the others.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -19,6 +22,23 @@ type Answer = Result<Vec<KeyValue>, EtcdError>;
 #[derive(Default)]
 pub struct Batch {
     waiting: Mutex<Vec<(RangeRequest, oneshot::Sender<Answer>)>>,
+    /// How many [`Hold`]s are alive, and where their end is told.
+    holds: Mutex<usize>,
+    released: tokio::sync::Notify,
+}
+
+/// While alive, the reads waiting are not sent (up to the deadline): its
+/// holder's reads, made before it is dropped, go with them.
+pub struct Hold(Arc<Batch>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut holds = self.0.holds.lock().unwrap_or_else(PoisonError::into_inner);
+        *holds -= 1;
+        if *holds == 0 {
+            self.0.released.notify_waiters();
+        }
+    }
 }
 
 impl Batch {
@@ -54,7 +74,28 @@ impl Batch {
         })
     }
 
+    /// Holds the reads back until the [`Hold`] is dropped: the holder's
+    /// reads, made meanwhile, are sent with the others'.
+    pub fn hold(self: &Arc<Self>) -> Hold {
+        *self.holds.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        Hold(Arc::clone(self))
+    }
+
+    /// Until no [`Hold`] is alive, or the deadline.
+    async fn held_back(&self, deadline: Instant) {
+        loop {
+            let released = self.released.notified();
+            if *self.holds.lock().unwrap_or_else(PoisonError::into_inner) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                return;
+            }
+        }
+    }
+
     async fn send(&self, transport: &Transport, deadline: Instant) {
+        self.held_back(deadline).await;
         let waiting =
             std::mem::take(&mut *self.waiting.lock().unwrap_or_else(PoisonError::into_inner));
         let (ranges, answers): (Vec<_>, Vec<_>) = waiting.into_iter().unzip();

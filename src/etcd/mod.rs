@@ -10,6 +10,7 @@
 //! (gRPC over tonic) that made the choice.
 
 mod batch;
+pub use batch::Hold;
 mod endpoints;
 #[cfg(not(feature = "etcd-grpc"))]
 mod gateway;
@@ -245,6 +246,13 @@ impl EtcdClient {
     async fn get_as(&self, key: &str, read: Read) -> Result<Option<KeyValue>, EtcdError> {
         let mut kvs = self.range(RangeRequest::key(key, read)).await?;
         Ok(kvs.pop())
+    }
+
+    /// Holds this client's reads back until the hold is dropped
+    /// ([`batch::Hold`]): the reads its holder makes meanwhile go with
+    /// those made before.
+    pub fn hold_reads(&self) -> batch::Hold {
+        self.reads.hold()
     }
 
     /// Reads `range`, in one request with the reads made at the same time.

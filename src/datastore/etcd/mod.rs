@@ -379,6 +379,10 @@ impl Store for EtcdStore {
         true
     }
 
+    fn hold_reads(&self) -> super::ReadsHold {
+        super::ReadsHold::new(self.client.hold_reads())
+    }
+
     async fn write_together(&self, writes: Vec<Write>) -> Result<Vec<Value>, DatastoreError> {
         let puts = writes
             .into_iter()

@@ -196,7 +196,7 @@ pub async fn read_add(
         Some(ahead)
     };
     let (inputs, lock, handle) = tokio::join!(
-        read_ahead_counted(&allocator, &auto, &lock_file),
+        read_ahead_counted(store, &allocator, &auto, &lock_file),
         lock::open_ahead(lock_file.clone()),
         write
     );
@@ -221,14 +221,27 @@ pub async fn read_add(
 
 /// An auto-assignment's inputs read ahead of the lock of `lock_file`,
 /// this host's claims counted first (under the lock, an unchanged count
-/// spares reading its affinities again).
+/// spares reading its affinities again). Where reads made at once go as
+/// one request (etcd), they are held back while the count is read, so
+/// that these still go with the call's others (its readiness).
 async fn read_ahead_counted(
+    store: &dyn Store,
     allocator: &Allocator<'_>,
     auto: &AutoAssign<'_>,
     lock_file: &std::path::Path,
 ) -> std::result::Result<super::allocator::Inputs, IpamError> {
+    let hold = store.hold_reads();
     let claims = super::block_cache::claims_started(lock_file).await;
-    let inputs = allocator.read_ahead(auto).await?;
+    let reads = allocator.read_ahead(auto);
+    tokio::pin!(reads);
+    // Polled once, the reads are made (waiting in the batch); then the
+    // batch may go.
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(reads.as_mut().poll(cx))).await;
+    drop(hold);
+    let inputs = match first {
+        std::task::Poll::Ready(inputs) => inputs,
+        std::task::Poll::Pending => reads.await,
+    }?;
     Ok(inputs.after_claims(claims))
 }
 
@@ -563,7 +576,7 @@ pub async fn add_from(
             let read = async {
                 match early {
                     Some((inputs, opened)) => Ok((inputs, opened)),
-                    None => read_ahead_counted(&allocator, &auto, &lock_file)
+                    None => read_ahead_counted(call.store.as_ref(), &allocator, &auto, &lock_file)
                         .await
                         .map(|i| (i, None)),
                 }
