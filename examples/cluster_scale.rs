@@ -15,7 +15,10 @@
 //!
 //! Options: `--backend kdd|etcd`, `--nodes N` (default 20), `--ops M` ADDs
 //! and DELs in all (default 1000), `--pods P` live pods a node aims at
-//! (default 10), `--concurrency C` calls in flight (default 8), `--pool
+//! (default 10), `--concurrency C` calls in flight (default 8), `--rate R`
+//! (calls started a second, at most C in flight: both binaries under the
+//! same load; without it each in-flight slot starts its next call as soon
+//! as one ends, so a faster binary meets more writes a second), `--pool
 //! CIDR` (default: a free /22 of 100.96.0.0/12) with `--block-size B`
 //! (default 26: a /22 is 16 blocks, fewer than the nodes, so nodes borrow),
 //! `--strict-affinity` (IPAMConfig strictAffinity for the run: no
@@ -36,7 +39,8 @@
 //! on a duplicate or a leak of ours (Calico's are reported, not judged).
 //! Diagnosis: `CLUSTER_SCALE_SLOWEST=1` prints the 20 slowest ADDs (their
 //! container, node and start); `CLUSTER_SCALE_LOG_LEVEL=debug` sets the
-//! plugins' log level (each node's `cni.log` in the run's directory).
+//! plugins' log level (each node's `cni.log` in the run's directory, then
+//! kept).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -71,6 +75,9 @@ struct Options {
     ops: usize,
     pods: usize,
     concurrency: usize,
+    /// Calls started a second (open loop, up to `concurrency` in flight);
+    /// `None`: each in-flight slot starts its next call at once.
+    rate: Option<f64>,
     pool: Option<IpNet>,
     block_size: u8,
     strict_affinity: bool,
@@ -96,6 +103,7 @@ fn options() -> Result<Options, Failure> {
         ops: 1000,
         pods: 10,
         concurrency: 8,
+        rate: None,
         pool: None,
         block_size: 26,
         strict_affinity: false,
@@ -118,6 +126,7 @@ fn options() -> Result<Options, Failure> {
             "--ops" => o.ops = value.parse()?,
             "--pods" => o.pods = value.parse()?,
             "--concurrency" => o.concurrency = value.parse()?,
+            "--rate" => o.rate = Some(value.parse::<f64>()?).filter(|r| *r > 0.0),
             "--pool" => o.pool = Some(value.parse()?),
             "--block-size" => o.block_size = value.parse()?,
             "--cleanup" => {
@@ -428,19 +437,26 @@ impl Rng {
 }
 
 /// The churn with one binary: `o.ops` calls, `o.concurrency` at once.
-/// Every call recorded; the pods live at its end returned.
+/// Every call recorded; the pods live at its end returned, and on etcd
+/// its request counters read just before a fault (a member restarted
+/// counts from zero again: [`etcd_difference`]).
+type EtcdCounts = BTreeMap<(String, String), usize>;
+
 fn churn(
     o: &Options,
     binary: &Path,
     nodes: &[SimNode],
     confs: &[String],
     loss: Option<&Loss>,
-) -> (Vec<Call>, Vec<Live>) {
+) -> (Vec<Call>, Vec<Live>, Option<EtcdCounts>) {
+    let before_fault: Mutex<Option<EtcdCounts>> = Mutex::default();
     let live: Arc<Mutex<Vec<Live>>> = Arc::default();
     let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
     let issued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let seq = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let late = std::sync::atomic::AtomicUsize::new(0);
     let target = o.nodes * o.pods;
+    let t0 = Instant::now();
     std::thread::scope(|s| {
         if let Some(loss) = loss {
             let (issued, live, calls, seq) = (&issued, &live, &calls, &seq);
@@ -452,10 +468,13 @@ fn churn(
             });
         }
         if let Some(fault) = o.fault.as_ref().filter(|f| *f != BLACKHOLE) {
-            let issued = &issued;
+            let (issued, before_fault) = (&issued, &before_fault);
             s.spawn(move || {
                 while issued.load(std::sync::atomic::Ordering::Relaxed) < o.ops / 2 {
                     std::thread::sleep(Duration::from_millis(10));
+                }
+                if o.backend == "etcd" {
+                    *before_fault.lock().unwrap() = etcd_requests();
                 }
                 let t0 = Instant::now();
                 let out = Command::new("bash")
@@ -472,13 +491,24 @@ fn churn(
             });
         }
         for t in 0..o.concurrency {
-            let (live, calls, issued, seq) = (&live, &calls, &issued, &seq);
+            let (live, calls, issued, seq, late) = (&live, &calls, &issued, &seq, &late);
             s.spawn(move || {
                 let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((t as u64 + 1) * 0x1234_5678_9ABC));
                 loop {
                     let n = issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if n >= o.ops {
                         break;
+                    }
+                    if let Some(rate) = o.rate {
+                        // Call n starts at n/rate s (late when every slot
+                        // was busy then: counted).
+                        let at = t0 + Duration::from_secs_f64(n as f64 / rate);
+                        let now = Instant::now();
+                        if at > now {
+                            std::thread::sleep(at - now);
+                        } else if now - at > Duration::from_millis(50) {
+                            late.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
                     }
                     // ADD while the cluster is below its aim (and now and
                     // then above it), else DEL a live pod.
@@ -552,8 +582,19 @@ fn churn(
             });
         }
     });
+    let late = late.into_inner();
+    if late > 0 {
+        eprintln!(
+            "cluster_scale: {late} of {} calls started over 50 ms late (all {} slots busy): raise --concurrency",
+            o.ops, o.concurrency
+        );
+    }
     let live = std::mem::take(&mut *live.lock().unwrap());
-    (Arc::try_unwrap(calls).unwrap().into_inner().unwrap(), live)
+    (
+        Arc::try_unwrap(calls).unwrap().into_inner().unwrap(),
+        live,
+        before_fault.into_inner().unwrap(),
+    )
 }
 
 /// `--fault blackhole`: the node's link cut (its pods stranded), its
@@ -1065,7 +1106,7 @@ fn audited(
 /// `etcdserverpb.KV`), per member and method: the run's are the difference
 /// (the cluster serves Calico's datastore alone; a member restarted
 /// counts from zero again).
-fn etcd_requests() -> Option<BTreeMap<(String, String), usize>> {
+fn etcd_requests() -> Option<EtcdCounts> {
     let mut by = BTreeMap::new();
     for endpoint in std::env::var("TESTBED_CALICO_ETCD_ENDPOINTS")
         .ok()?
@@ -1082,6 +1123,15 @@ fn etcd_requests() -> Option<BTreeMap<(String, String), usize>> {
             .output()
             .ok()?;
         for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some(started) = line.strip_prefix("process_start_time_seconds ") {
+                // (Tells a member restarted between two readings.)
+                let started: f64 = started.trim().parse().ok()?;
+                by.insert(
+                    (endpoint.to_string(), STARTED.to_string()),
+                    started as usize,
+                );
+                continue;
+            }
             if !line.starts_with("grpc_server_handled_total{")
                 || !line.contains("grpc_service=\"etcdserverpb.KV\"")
             {
@@ -1096,17 +1146,38 @@ fn etcd_requests() -> Option<BTreeMap<(String, String), usize>> {
     Some(by)
 }
 
-/// The requests between two readings of [`etcd_requests`], by method.
+/// [`etcd_requests`]' key of a member's process start time.
+const STARTED: &str = "@started";
+
+/// The requests between two readings of [`etcd_requests`], by method; a
+/// member restarted between them (its start time moved) served what it
+/// had by `mid` (read just before the fault), then all it counts in
+/// `after` (what it served between `mid` and its kill is not known: a few
+/// requests). Without `mid` a restarted member's first counts were lost:
+/// the etcd runs with the leader killed of 2026-12-07 undercounted.
 fn etcd_difference(
-    before: &BTreeMap<(String, String), usize>,
-    after: BTreeMap<(String, String), usize>,
+    before: &EtcdCounts,
+    mid: Option<&EtcdCounts>,
+    after: EtcdCounts,
 ) -> BTreeMap<String, usize> {
+    let started = |c: &EtcdCounts, endpoint: &str| {
+        c.get(&(endpoint.to_string(), STARTED.to_string())).copied()
+    };
     let mut by = BTreeMap::new();
-    for (key, n) in after {
-        let was = before.get(&key).copied().unwrap_or(0);
-        let run = if n >= was { n - was } else { n };
+    for (key, n) in &after {
+        if key.1 == STARTED {
+            continue;
+        }
+        let n = *n;
+        let was = before.get(key).copied().unwrap_or(0);
+        let restarted = started(&after, &key.0) != started(before, &key.0);
+        let run = match (restarted, mid.and_then(|m| m.get(key))) {
+            (true, Some(then)) => then.saturating_sub(was) + n,
+            (true, None) => n,
+            (false, _) => n.saturating_sub(was),
+        };
         if run > 0 {
-            *by.entry(key.1).or_insert(0) += run;
+            *by.entry(key.1.clone()).or_insert(0) += run;
         }
     }
     by
@@ -1202,7 +1273,7 @@ async fn run_one(
     let etcd_before = (o.backend == "etcd").then(etcd_requests).flatten();
     let since = std::time::SystemTime::now();
     let t0 = Instant::now();
-    let (mut calls, live) = {
+    let (mut calls, live, etcd_before_fault) = {
         let (o, binary, nodes, confs) = (o.clone(), binary.clone(), nodes.to_vec(), confs.clone());
         let loss = loss.clone();
         tokio::task::spawn_blocking(move || churn(&o, &binary, &nodes, &confs, loss.as_deref()))
@@ -1304,7 +1375,7 @@ async fn run_one(
         requests: match (o.backend.as_str(), etcd_before) {
             ("kdd", _) => audited(since, until),
             (_, Some(before)) => etcd_requests().map(|after| {
-                let by = etcd_difference(&before, after);
+                let by = etcd_difference(&before, etcd_before_fault.as_ref(), after);
                 // (etcd does not count a lost compare-and-swap apart.)
                 (by.values().sum(), by, 0)
             }),
@@ -1668,11 +1739,14 @@ async fn run(o: Options) -> Result<bool, Failure> {
         create_node(&o, store.as_ref(), admin.as_ref(), &n.name).await?;
     }
     println!(
-        "cluster_scale {}: {} nodes, {} calls, {} at once, pool {pool} (/{} blocks: {}), {} live pods a node aimed at{}{}{}",
+        "cluster_scale {}: {} nodes, {} calls, {} at once{}, pool {pool} (/{} blocks: {}), {} live pods a node aimed at{}{}{}",
         o.backend,
         o.nodes,
         o.ops,
         o.concurrency,
+        o.rate
+            .map(|r| format!(" (at most), {r} started a second"))
+            .unwrap_or_default(),
         o.block_size,
         1usize << (o.block_size - pool.prefix_len()),
         o.pods,
@@ -1720,7 +1794,11 @@ async fn run(o: Options) -> Result<bool, Failure> {
     let _ = store
         .delete_object(IpPool::KIND, "", &ippool.metadata().name, &none)
         .await;
-    let _ = std::fs::remove_dir_all(&root);
+    if std::env::var_os("CLUSTER_SCALE_LOG_LEVEL").is_some() {
+        eprintln!("cluster_scale: the nodes' logs kept in {}", root.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&root);
+    }
     result?;
 
     println!(

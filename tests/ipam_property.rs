@@ -1712,12 +1712,16 @@ struct RacingStore {
     inner: LocalStore,
     block_lists: AtomicUsize,
     nth: usize,
+    /// The backend it answers as (the Kubernetes API's lists carry whole
+    /// blocks, which borrowing writes on: a stale one must not hide a
+    /// freed address).
+    backend: calico_cni::datastore::Backend,
 }
 
 #[async_trait::async_trait]
 impl Store for RacingStore {
     fn backend(&self) -> calico_cni::datastore::Backend {
-        self.inner.backend()
+        self.backend
     }
     async fn get_object(
         &self,
@@ -1799,8 +1803,16 @@ impl calico_cni::ipam::calico::pools::SelectorLabels for NoLabels {
 /// addresses, 16 pods: a pod's DEL and the next ADD elsewhere land in the
 /// borrower's window).
 #[test]
-
 fn borrowing_finds_an_address_freed_in_a_block_that_was_full() {
+    for backend in [
+        calico_cni::datastore::Backend::Local,
+        calico_cni::datastore::Backend::Kubernetes,
+    ] {
+        borrowing_finds_an_address_freed_as_on(backend);
+    }
+}
+
+fn borrowing_finds_an_address_freed_as_on(backend: calico_cni::datastore::Backend) {
     use calico_cni::datastore::ipam_model::AllocationAttribute;
     use calico_cni::ipam::calico::allocator::{Allocator, AutoAssign};
     use calico_cni::ipam::calico::block::new_block;
@@ -1810,8 +1822,9 @@ fn borrowing_finds_an_address_freed_in_a_block_that_was_full() {
         inner,
         block_lists: AtomicUsize::new(0),
         // The one list: the new-block search's, which the borrowing then
-        // walks (reading each block afresh).
+        // walks (reading each block afresh, or writing on it as listed).
         nth: 0,
+        backend,
     };
     let s: &dyn Store = &store;
     block_on(async {
@@ -1855,7 +1868,9 @@ fn borrowing_finds_an_address_freed_in_a_block_that_was_full() {
                 labels: &NoLabels,
             })
             .await;
-        let got = got.unwrap_or_else(|e| panic!("the pool has a free address (10.240.0.8): {e}"));
+        let got = got.unwrap_or_else(|e| {
+            panic!("{backend:?}: the pool has a free address (10.240.0.8): {e}")
+        });
         assert_eq!(got.v4, ["10.240.0.8/29".parse::<IpNet>().unwrap()]);
     });
 }

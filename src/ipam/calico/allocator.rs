@@ -39,7 +39,7 @@ use super::block;
 use super::block_cache::BlockCache;
 use super::intents::Intents;
 use super::pools::SelectorLabels;
-use crate::datastore::ipam_model::{IpamConfigSpec, IpamHandle};
+use crate::datastore::ipam_model::{IpamBlock, IpamConfigSpec, IpamHandle};
 use crate::datastore::{DatastoreError, Store};
 
 mod assign_ip;
@@ -113,6 +113,11 @@ pub struct Allocator<'a> {
     posted_to: std::sync::Mutex<Option<(Intents, String)>>,
     /// This call posted an intent before waiting for the lock.
     posted: std::sync::atomic::AtomicBool,
+    /// Blocks as this call listed them (on the Kubernetes API, whose lists
+    /// carry whole objects), by name: the first write of each starts from
+    /// its listed object instead of reading it again
+    /// ([`Allocator::block_to_write`]).
+    listed_blocks: std::sync::Mutex<std::collections::HashMap<String, IpamBlock>>,
 }
 
 fn ds(what: impl Into<String>) -> impl FnOnce(DatastoreError) -> IpamError {
@@ -145,6 +150,7 @@ impl<'a> Allocator<'a> {
             intents: std::sync::OnceLock::new(),
             posted_to: std::sync::Mutex::new(None),
             posted: std::sync::atomic::AtomicBool::new(false),
+            listed_blocks: std::sync::Mutex::default(),
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::datastore::ipam_model::{
     AFFINITY_CONFIRMED, AFFINITY_PENDING, BlockAffinity, IpPool, IpamBlock, IpamConfigSpec,
     IpamHandle, cidr_name, cidr_of_block_name, handle_name_on,
 };
-use crate::datastore::{DatastoreError, Resource, Write, decode};
+use crate::datastore::{DatastoreError, Write, decode};
 
 /// What one family got, and why it fell short.
 pub(super) struct FamilyOutcome {
@@ -311,11 +311,7 @@ impl<'a> Allocator<'a> {
                     let earlier = listed.lock().unwrap_or_else(|p| p.into_inner()).take();
                     let names = match earlier {
                         Some(names) => names,
-                        None => self
-                            .store
-                            .list_names(IpamBlock::KIND, "")
-                            .await
-                            .map_err(ds("error listing IPAM blocks"))?,
+                        None => self.list_blocks().await?,
                     };
                     let mut candidates: Vec<IpNet> = names
                         .iter()

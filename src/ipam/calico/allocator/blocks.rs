@@ -12,7 +12,7 @@ use super::super::block;
 use super::super::block_cache::BlockCache;
 use super::{Allocator, ds};
 use crate::datastore::ipam_model::{ATTR_NODE, IpamBlock, cidr_name};
-use crate::datastore::{DatastoreError, Precondition, Resource};
+use crate::datastore::{Backend, DatastoreError, ListFilter, Precondition, Resource};
 
 impl<'a> Allocator<'a> {
     /// Starts allocations and releases from the blocks' copies kept under
@@ -36,8 +36,10 @@ impl<'a> Allocator<'a> {
 
     /// The block a write starts from: the copy kept under the lock where
     /// `copy` allows it (a write's first attempt) and only this host
-    /// writes the block, `true` with it; else the block read now (a copy
-    /// of a block gone is forgotten).
+    /// writes the block, or the block as this call listed it a moment ago
+    /// (once), `true` with either (what it offers is written on its
+    /// revision; where it offers nothing the block is read again); else
+    /// the block read now (a copy of a block gone is forgotten).
     pub(super) async fn block_to_write(
         &self,
         cidr: &IpNet,
@@ -49,11 +51,59 @@ impl<'a> Allocator<'a> {
         {
             return Ok((Some(copy), true));
         }
+        if let Some(listed) = self.take_listed(cidr) {
+            return Ok((Some(self.collected(listed).await?), true));
+        }
         let read = self.get_block(cidr).await?;
         if read.is_none() {
             self.keep_block(&cidr_name(cidr), None).await;
         }
         Ok((read, false))
+    }
+
+    /// The names of every block, sorted. Where a list carries whole
+    /// objects anyway (the Kubernetes API) they are kept for this call:
+    /// borrowing, which looks at the listed blocks next, writes on them
+    /// rather than reading each again. Elsewhere (etcd) names only.
+    pub(super) async fn list_blocks(&self) -> Result<Vec<String>, IpamError> {
+        if self.store.backend() != Backend::Kubernetes {
+            return self
+                .store
+                .list_names(IpamBlock::KIND, "")
+                .await
+                .map_err(ds("error listing IPAM blocks"));
+        }
+        let blocks = self
+            .store
+            .list::<IpamBlock>("", &ListFilter::All)
+            .await
+            .map_err(ds("error listing IPAM blocks"))?;
+        let mut names: Vec<String> = blocks.iter().map(|b| b.metadata.name.clone()).collect();
+        names.sort();
+        self.keep_listed(blocks);
+        Ok(names)
+    }
+
+    /// Keeps blocks as this call listed them (whole objects), for their
+    /// first write ([`Allocator::block_to_write`]).
+    fn keep_listed(&self, blocks: Vec<IpamBlock>) {
+        let mut listed = self.listed_blocks.lock().unwrap_or_else(|p| p.into_inner());
+        listed.clear();
+        listed.extend(
+            blocks
+                .into_iter()
+                // (A soft-deleted block is read, and its delete finished.)
+                .filter(|b| !b.spec.deleted)
+                .map(|b| (b.metadata.name.clone(), b)),
+        );
+    }
+
+    /// The block of `cidr` as this call listed it, once.
+    fn take_listed(&self, cidr: &IpNet) -> Option<IpamBlock> {
+        self.listed_blocks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&cidr_name(cidr))
     }
 
     /// Whether this host is, as far as the block tells, its only writer:

@@ -10,11 +10,11 @@ use super::super::IpamError;
 use super::super::block;
 use super::super::pools::blocks_for_host;
 use super::{Allocator, CAS_ATTEMPTS, CLAIM_LOOKAHEAD, contention, ds};
+use crate::datastore::DatastoreError;
 use crate::datastore::ipam_model::{
     AFFINITY_CONFIRMED, AFFINITY_PENDING, BlockAffinity, BlockAffinitySpec, IpPool, IpamBlock,
     affinity_labels, affinity_name_on, cidr_name,
 };
-use crate::datastore::{DatastoreError, Resource};
 
 /// Whether an object created at `timestamp` (RFC 3339; none: long ago)
 /// was made less than `within` ago.
@@ -83,12 +83,7 @@ impl<'a> Allocator<'a> {
         {
             return Ok(None);
         }
-        // Names only: which blocks exist, not what they hold.
-        let names = self
-            .store
-            .list_names(IpamBlock::KIND, "")
-            .await
-            .map_err(ds("error listing IPAM blocks"))?;
+        let names = self.list_blocks().await?;
         let existing: HashSet<String> = names.iter().cloned().collect();
         *listed.lock().unwrap_or_else(|p| p.into_inner()) = Some(names);
         for pool in pools {
