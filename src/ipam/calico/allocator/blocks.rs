@@ -12,7 +12,9 @@ use super::super::block;
 use super::super::block_cache::BlockCache;
 use super::{Allocator, ds};
 use crate::datastore::ipam_model::{ATTR_NODE, IpamBlock, cidr_name};
-use crate::datastore::{Backend, DatastoreError, ListFilter, Precondition, Resource};
+use crate::datastore::{
+    Backend, DatastoreError, ListFilter, Precondition, Resource, decode, meta_field,
+};
 
 impl<'a> Allocator<'a> {
     /// Starts allocations and releases from the blocks' copies kept under
@@ -73,14 +75,18 @@ impl<'a> Allocator<'a> {
                 .await
                 .map_err(ds("error listing IPAM blocks"));
         }
-        let blocks = self
+        let objects = self
             .store
-            .list::<IpamBlock>("", &ListFilter::All)
+            .list_objects(IpamBlock::KIND, "", &ListFilter::All)
             .await
             .map_err(ds("error listing IPAM blocks"))?;
-        let mut names: Vec<String> = blocks.iter().map(|b| b.metadata.name.clone()).collect();
+        let mut names: Vec<String> = objects
+            .iter()
+            .map(|o| meta_field(o, "name").to_string())
+            .collect();
         names.sort();
-        self.keep_listed(blocks);
+        // (One that does not decode is read when its turn comes.)
+        self.keep_listed(objects.into_iter().filter_map(|o| decode(o).ok()).collect());
         Ok(names)
     }
 
