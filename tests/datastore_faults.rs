@@ -100,6 +100,52 @@ fn calico_ipam_through_api_server_faults() {
     let live: Vec<_> = w.allocations().into_iter().map(|(ip, _)| ip).collect();
     assert_eq!(live, [ip_a], "throttled pod released");
 
+    // The watch cache being filled again (the first seconds after
+    // kube-apiserver starts): its reads answer 429 "storage is
+    // (re)initializing" asking for a second's wait; they are sent again at
+    // once as reads as of now, so the ADD does not wait.
+    w.pod(&ns, "pod-cold-cache", json!({}));
+    let initializing = json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "message": "storage is (re)initializing", "reason": "TooManyRequests",
+        "details": {"retryAfterSeconds": 1}, "code": 429
+    });
+    proxy.push(Rule::on(
+        "GET",
+        "resourceVersion=0",
+        Fault::Answer(429, "application/json", initializing.to_string()),
+    ));
+    let before = proxy.requests().len();
+    let (nc, c) = (Netns::new(), container_id());
+    let started = Instant::now();
+    let rc = run("ADD", "pod-cold-cache", &c, &nc.path())
+        .assert_ok()
+        .json();
+    let took = started.elapsed();
+    eprintln!("cold watch cache: ADD succeeded in {took:?}");
+    let sent = proxy.requests()[before..].to_vec();
+    let cached: Vec<_> = sent
+        .iter()
+        .filter(|(_, p)| p.contains("resourceVersion=0"))
+        .collect();
+    assert!(!cached.is_empty(), "no read asked of the cache: {sent:?}");
+    for (_, p) in &cached {
+        let again = p
+            .replace("&resourceVersion=0", "")
+            .replace("?resourceVersion=0", "");
+        assert!(
+            sent.iter().any(|(m, q)| m == "GET" && *q == again),
+            "{p} not read again as of now: {sent:?}"
+        );
+    }
+    assert!(
+        took < Duration::from_secs(1),
+        "waited for the cache: {took:?}"
+    );
+    assert_ne!(address(&rc, 0).addr(), ip_a);
+    proxy.clear();
+    run("DEL", "pod-cold-cache", &c, &nc.path()).assert_ok();
+
     // DEL while the API server is black-holed: local teardown, then the
     // release is queued and the call fails retryably.
     proxy.push(Rule::always(Fault::Hang));

@@ -25,6 +25,29 @@ const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The longest wait after a 429 honoured (the deadline usually cuts first).
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(10);
 
+/// What the API server's 429 says when a read asked of its watch cache
+/// finds the cache not yet filled.
+const CACHE_INITIALIZING: &str = "storage is (re)initializing";
+
+/// `uri` with its `resourceVersion=0` (a read from the watch cache) taken
+/// out: the same read as of now. `None` when it has none.
+fn without_cache_read(uri: &http::Uri) -> Option<http::Uri> {
+    let query = uri.query()?;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| *pair != "resourceVersion=0")
+        .collect();
+    if kept.len() == query.split('&').count() {
+        return None;
+    }
+    let path = if kept.is_empty() {
+        uri.path().to_string()
+    } else {
+        format!("{}?{}", uri.path(), kept.join("&"))
+    };
+    path.parse().ok()
+}
+
 /// A copy of a request, to send it again.
 fn clone_request(request: &http::Request<Vec<u8>>) -> http::Request<Vec<u8>> {
     let mut copy = http::Request::new(request.body().clone());
@@ -119,7 +142,7 @@ impl K8sClient {
     pub(super) async fn call<T: DeserializeOwned>(
         &self,
         what: &str,
-        request: http::Request<Vec<u8>>,
+        mut request: http::Request<Vec<u8>>,
     ) -> Result<Option<T>, K8sError> {
         for attempt in 1.. {
             let remaining = self.deadline.saturating_duration_since(Instant::now());
@@ -144,7 +167,22 @@ impl K8sClient {
                 drop(turn);
                 answer
             });
-            return match sent.await {
+            let answer = sent.await;
+            // A read from the watch cache that meets a cache still being
+            // filled (the first seconds after kube-apiserver starts: a 429
+            // "storage is (re)initializing", asking for a second's wait) is
+            // sent again at once as a read as of now, which the API server
+            // answers from etcd meanwhile.
+            if let Ok(Err(kube::Error::Api(status))) = &answer
+                && status.code == 429
+                && status.message.contains(CACHE_INITIALIZING)
+                && let Some(uri) = without_cache_read(request.uri())
+            {
+                tracing::debug!(%uri, "{what}: the watch cache is not ready; reading as of now");
+                *request.uri_mut() = uri;
+                continue;
+            }
+            return match answer {
                 Err(_) if limit < REQUEST_TIMEOUT => Err(K8sError::Timeout(format!(
                     "{what}: no answer from the Kubernetes API server within the deadline"
                 ))),
@@ -359,5 +397,26 @@ impl K8sClient {
             Some(&body),
         );
         Ok(self.call::<Value>(what, request).await?.map(|_| ()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_cache_read;
+
+    #[test]
+    fn a_cache_read_becomes_a_read_as_of_now() {
+        let as_now = |uri: &str| without_cache_read(&uri.parse().unwrap()).map(|u| u.to_string());
+        assert_eq!(
+            as_now("/apis/g/v1/things/a?resourceVersion=0").as_deref(),
+            Some("/apis/g/v1/things/a")
+        );
+        assert_eq!(
+            as_now("/apis/g/v1/things?limit=500&resourceVersion=0&labelSelector=x%3Dy").as_deref(),
+            Some("/apis/g/v1/things?limit=500&labelSelector=x%3Dy")
+        );
+        assert_eq!(as_now("/apis/g/v1/things?limit=500"), None);
+        assert_eq!(as_now("/apis/g/v1/things?resourceVersion=10"), None);
+        assert_eq!(as_now("/apis/g/v1/things/a"), None);
     }
 }
