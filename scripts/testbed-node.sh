@@ -145,7 +145,9 @@ node_install() {
     apiVersion: "v1", kind: "ConfigMap", metadata: {name: "kubernetes-services-endpoint", namespace: "kube-system"},
     data: {KUBERNETES_SERVICE_HOST: "127.0.0.1", KUBERNETES_SERVICE_PORT: $p}}')"
   # Felix's permissions (testbed/node/calico-node-rbac.json: what it reads
-  # of Kubernetes and of Calico's resources) and the Tiers calico-node's
+  # of Kubernetes and of Calico's resources; and, beyond Calico's manifest,
+  # the nodes' Leases, whose renewals the install watch takes as the sign
+  # that the API server's storage takes writes) and the Tiers calico-node's
   # start-up makes (Felix's policy has them as its frame).
   local obj
   while read -r obj; do

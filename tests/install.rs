@@ -490,6 +490,7 @@ fn kubeconfig_token(path: &Path) -> String {
 #[test]
 fn in_a_pod_it_writes_a_kubeconfig_the_plugin_uses() {
     let test = "in_a_pod_it_writes_a_kubeconfig_the_plugin_uses";
+    let _api = api_shared();
     let Some(bed) = common::testbed::testbed(test) else {
         return;
     };
@@ -591,6 +592,7 @@ fn watch_command(host: &Host, sa_dir: &Path) -> Command {
 #[test]
 fn watch_renews_the_token_and_re_renders_while_plugin_calls_work() {
     let test = "watch_renews_the_token_and_re_renders_while_plugin_calls_work";
+    let _api = api_shared();
     let Some(bed) = common::testbed::testbed(test) else {
         return;
     };
@@ -672,115 +674,173 @@ fn template_with_state_in(host: &Host) -> String {
     )
 }
 
+/// `calico install --watch` in a pod (its ServiceAccount's files), the
+/// KDD template's network config with its state beside the host, a pool
+/// for STATUS's IPAM check, and the config STATUS is called with.
+struct WatchedNode {
+    w: common::ipam::World,
+    cni: common::testbed::ServiceAccount,
+    _watcher: common::testbed::ServiceAccount,
+    _sa_dir: tempfile::TempDir,
+    host: Host,
+    watch: Kill,
+    conf: Value,
+}
+
+impl WatchedNode {
+    /// The watcher's identity may watch ClusterInformation and
+    /// ServiceAccounts, plus `extra_rules`.
+    fn start(test: &str, extra_rules: Value) -> Option<WatchedNode> {
+        let bed = common::testbed::testbed(test)?;
+        let w = common::ipam::World::new(test, common::ipam::Backend::Kdd)?;
+        w.pool(&w.v4(0).to_string(), json!({}));
+        let cni = bed.service_account("kube-system", bed.cni_rules());
+        let mut rules = vec![
+            json!({"apiGroups": [""], "resources": ["serviceaccounts/token"],
+                   "resourceNames": [cni.name], "verbs": ["create"]}),
+            json!({"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["list", "watch"]}),
+            json!({"apiGroups": ["crd.projectcalico.org", "projectcalico.org"],
+                   "resources": ["clusterinformations"], "verbs": ["list", "watch"]}),
+        ];
+        rules.extend(extra_rules.as_array().cloned().unwrap_or_default());
+        let watcher = bed.service_account("kube-system", Value::Array(rules));
+        let sa_dir = tempfile::tempdir().unwrap();
+        std::fs::write(sa_dir.path().join("token"), &watcher.token).unwrap();
+        std::fs::copy(bed.ca(), sa_dir.path().join("ca.crt")).unwrap();
+        std::fs::write(sa_dir.path().join("namespace"), "kube-system").unwrap();
+        let host = Host::new();
+        let template_file = host.root().join("template.json");
+        std::fs::write(
+            &template_file,
+            template_with_state_in(&host).replace("\"0.3.1\"", "\"1.1.0\""),
+        )
+        .unwrap();
+        let api = bed.api().trim_start_matches("https://").to_string();
+        let (api_host, api_port) = api.rsplit_once(':').unwrap();
+        let net_dir = host.net_d("");
+        let env: HashMap<&str, &str> = HashMap::from([
+            ("KUBERNETES_SERVICE_HOST", api_host),
+            ("KUBERNETES_SERVICE_PORT", api_port),
+            ("KUBERNETES_NODE_NAME", &w.node),
+            ("SLEEP", "false"),
+            (
+                "CNI_NET_DIR",
+                net_dir.to_str().unwrap().trim_end_matches('/'),
+            ),
+            ("CNI_NETWORK_CONFIG_FILE", template_file.to_str().unwrap()),
+            ("CALICO_CNI_SERVICE_ACCOUNT", &cni.name),
+        ]);
+        let watch = watching(&host, sa_dir.path(), &env);
+        let mut node = WatchedNode {
+            w,
+            cni,
+            _watcher: watcher,
+            _sa_dir: sa_dir,
+            host,
+            watch,
+            conf: Value::Null,
+        };
+        node.await_report("ready", Duration::from_secs(30));
+        let conflist: Value =
+            serde_json::from_slice(&std::fs::read(node.host.net_d("10-calico.conflist")).unwrap())
+                .unwrap();
+        let mut conf = conflist["plugins"][0].clone();
+        conf["name"] = conflist["name"].clone();
+        conf["cniVersion"] = json!("1.1.0");
+        conf["status_probe_seconds"] = json!(1);
+        conf["log_level"] = json!("debug");
+        conf["log_file_path"] = json!(node.host.root().join("cni.log"));
+        node.conf = conf;
+        Some(node)
+    }
+
+    /// The watch's report, when one parses.
+    fn report(&self) -> Option<Value> {
+        let file = self
+            .host
+            .root()
+            .join("state/cni-status/datastore-watch.json");
+        serde_json::from_slice(&std::fs::read(file).ok()?).ok()
+    }
+
+    /// Waits (up to `within`) for a report of `verdict`, the watch running
+    /// all along; how long it took.
+    fn await_report(&mut self, verdict: &str, within: Duration) -> Duration {
+        let began = Instant::now();
+        while self.report().is_none_or(|r| r["verdict"] != verdict) {
+            assert!(
+                began.elapsed() < within,
+                "no {verdict} report within {within:?}: {:?}",
+                self.report()
+            );
+            assert!(
+                self.watch.0.try_wait().unwrap().is_none(),
+                "the watch stopped"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        began.elapsed()
+    }
+
+    /// STATUS with the installed config, and how long it took.
+    fn status(&self) -> (Outcome, Duration) {
+        let cni_path = self.w.bin.display().to_string();
+        let vars = env_of(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", &cni_path)]);
+        let t0 = Instant::now();
+        let out = exec(CALICO, &vars, &self.conf.to_string());
+        (out, t0.elapsed())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.host.root().join("cni.log")).unwrap_or_default()
+    }
+}
+
+/// The API server to this binary's tests: shared (read) by those that use
+/// it, taken whole (write) by the one that stops its etcd.
+static API: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn api_shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    API.read().unwrap_or_else(|e| e.into_inner())
+}
+
 /// In a pod, `--watch` follows the datastore for STATUS with the pod's
 /// own credentials: its report is ready while ClusterInformation is and
 /// the CNI's ServiceAccount exists, and STATUS takes it for its probe (no
 /// request); the ServiceAccount deleted (every token made for it refused,
 /// which nothing on the node can see), the report and STATUS turn not
-/// ready within seconds, not at the next probe.
+/// ready within seconds, not at the next probe. (Its identity may not
+/// watch Leases: the storage's heartbeat is left out, the rest stands.)
 #[test]
 fn the_watch_tells_status_at_once_when_the_cni_service_account_goes() {
     let test = "the_watch_tells_status_at_once_when_the_cni_service_account_goes";
-    let Some(bed) = common::testbed::testbed(test) else {
+    let _api = api_shared();
+    let Some(mut node) = WatchedNode::start(test, json!([])) else {
         return;
     };
-    // A pool for STATUS's IPAM check, and calico-ipam to run it.
-    let Some(w) = common::ipam::World::new(test, common::ipam::Backend::Kdd) else {
-        return;
-    };
-    w.pool(&w.v4(0).to_string(), json!({}));
-    let cni = bed.service_account("kube-system", bed.cni_rules());
-    let watcher = bed.service_account(
-        "kube-system",
-        json!([
-            {"apiGroups": [""], "resources": ["serviceaccounts/token"],
-             "resourceNames": [cni.name], "verbs": ["create"]},
-            {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["list", "watch"]},
-            {"apiGroups": ["crd.projectcalico.org", "projectcalico.org"],
-             "resources": ["clusterinformations"], "verbs": ["list", "watch"]},
-        ]),
-    );
-    let sa_dir = tempfile::tempdir().unwrap();
-    std::fs::write(sa_dir.path().join("token"), &watcher.token).unwrap();
-    std::fs::copy(bed.ca(), sa_dir.path().join("ca.crt")).unwrap();
-    std::fs::write(sa_dir.path().join("namespace"), "kube-system").unwrap();
-    let host = Host::new();
-    let template_file = host.root().join("template.json");
-    std::fs::write(
-        &template_file,
-        template_with_state_in(&host).replace("\"0.3.1\"", "\"1.1.0\""),
-    )
-    .unwrap();
-    let api = bed.api().trim_start_matches("https://").to_string();
-    let (api_host, api_port) = api.rsplit_once(':').unwrap();
-    let net_dir = host.net_d("");
-    let env: HashMap<&str, &str> = HashMap::from([
-        ("KUBERNETES_SERVICE_HOST", api_host),
-        ("KUBERNETES_SERVICE_PORT", api_port),
-        ("KUBERNETES_NODE_NAME", &w.node),
-        ("SLEEP", "false"),
-        (
-            "CNI_NET_DIR",
-            net_dir.to_str().unwrap().trim_end_matches('/'),
-        ),
-        ("CNI_NETWORK_CONFIG_FILE", template_file.to_str().unwrap()),
-        ("CALICO_CNI_SERVICE_ACCOUNT", &cni.name),
-    ]);
-    let mut watch = watching(&host, sa_dir.path(), &env);
-    let report_file = host.root().join("state/cni-status/datastore-watch.json");
-    let report =
-        || -> Option<Value> { serde_json::from_slice(&std::fs::read(&report_file).ok()?).ok() };
-    let until = Instant::now() + Duration::from_secs(30);
-    while report().is_none_or(|r| r["verdict"] != "ready") {
-        assert!(Instant::now() < until, "no ready report: {:?}", report());
-        assert!(watch.0.try_wait().unwrap().is_none(), "the watch stopped");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let conflist: Value =
-        serde_json::from_slice(&std::fs::read(host.net_d("10-calico.conflist")).unwrap()).unwrap();
-    let mut conf = conflist["plugins"][0].clone();
-    conf["name"] = conflist["name"].clone();
-    conf["cniVersion"] = json!("1.1.0");
-    conf["status_probe_seconds"] = json!(1);
-    conf["log_level"] = json!("debug");
-    conf["log_file_path"] = json!(host.root().join("cni.log"));
-    let status = || {
-        let cni_path = w.bin.display().to_string();
-        let vars = env_of(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", &cni_path)]);
-        let t0 = Instant::now();
-        let out = exec(CALICO, &vars, &conf.to_string());
-        (out, t0.elapsed())
-    };
-    status().0.assert_ok();
+    node.status().0.assert_ok();
     std::thread::sleep(Duration::from_millis(1100));
-    status().0.assert_ok();
-    let log = std::fs::read_to_string(host.root().join("cni.log")).unwrap();
+    node.status().0.assert_ok();
     assert!(
-        log.contains("confirmed by the datastore watch"),
-        "the report did not stand for the probe: {log}"
+        node.log().contains("confirmed by the datastore watch"),
+        "the report did not stand for the probe: {}",
+        node.log()
     );
 
     let deleted = Instant::now();
-    cni.delete();
-    while report().is_some_and(|r| r["verdict"] == "ready") {
-        assert!(
-            deleted.elapsed() < Duration::from_secs(30),
-            "the report stayed ready"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    node.cni.delete();
+    node.await_report("not-ready", Duration::from_secs(30));
     let noticed = deleted.elapsed();
-    let report = report().unwrap();
-    assert_eq!(report["verdict"], "not-ready", "{report}");
+    let report = node.report().unwrap();
     let reason = report["reason"].as_str().unwrap().to_string();
     assert!(
         reason.contains(&format!(
             "ServiceAccount kube-system/{} does not exist",
-            cni.name
+            node.cni.name
         )),
         "{reason}"
     );
-    let (out, took) = status();
+    let (out, took) = node.status();
     assert_eq!(
         (out.code, out.json()["code"].as_i64()),
         (1, Some(50)),
@@ -794,7 +854,157 @@ fn the_watch_tells_status_at_once_when_the_cni_service_account_goes() {
         took.as_millis()
     );
     assert!(not_ready < Duration::from_secs(30), "{not_ready:?}");
-    assert!(watch.0.try_wait().unwrap().is_none(), "the watch stopped");
+    assert!(
+        node.watch.0.try_wait().unwrap().is_none(),
+        "the watch stopped"
+    );
+}
+
+/// The API server's etcd stopped (SIGSTOP) behind a live API server: the
+/// watches stay open and quiet (the server's watch cache serves them), but
+/// the node's Lease, renewed every 2 s here as kubelet renews it, is seen
+/// renewed no more; the watch reads it as of now, that read gets no
+/// answer, and the report and STATUS turn not ready within 30 s of the
+/// stop. etcd continued, renewals are seen again and the report is ready;
+/// renewals stopped with etcd well (kubelet down), it stays ready.
+#[test]
+fn the_watch_tells_status_when_etcd_stops_behind_the_api_server() {
+    let test = "the_watch_tells_status_when_etcd_stops_behind_the_api_server";
+    let _api = API.write().unwrap_or_else(|e| e.into_inner());
+    let Some(mut node) = WatchedNode::start(
+        test,
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                "verbs": ["get", "list", "watch"]}]),
+    ) else {
+        return;
+    };
+    let bed = node.w.bed();
+    let lease_path = format!(
+        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{}",
+        node.w.node
+    );
+    bed.create(
+        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+        &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": node.w.node},
+                "spec": {"holderIdentity": node.w.node, "leaseDurationSeconds": 40}}),
+    );
+    // kubelet's part: the Lease renewed every 2 s until told to stop.
+    let renewing = Arc::new(AtomicBool::new(true));
+    let renewer = {
+        let (renewing, path) = (renewing.clone(), lease_path.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while renewing.load(Ordering::SeqCst) {
+                n += 1;
+                let at = format!("2026-01-01T00:00:{:02}.{n:06}Z", n % 60);
+                bed.admin_typed(
+                    "PATCH",
+                    &path,
+                    Some(&json!({"spec": {"renewTime": at}})),
+                    "application/merge-patch+json",
+                );
+                std::thread::sleep(Duration::from_secs(2));
+            }
+        })
+    };
+    let stop_renewing = || {
+        renewing.store(false, Ordering::SeqCst);
+    };
+    // The Lease's first renewals seen, the storage's read not yet made.
+    std::thread::sleep(Duration::from_secs(5));
+    node.status().0.assert_ok();
+
+    let etcd_pid: i32 = std::fs::read_to_string(Path::new(bed.var("TESTBED_DIR")).join("etcd.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let stopped = Stopped::new(etcd_pid);
+    node.await_report("not-ready", Duration::from_secs(30));
+    let noticed = stopped.since.elapsed();
+    let reason = node.report().unwrap()["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.contains(&format!("Lease kube-node-lease/{}", node.w.node))
+            && reason.contains("storage"),
+        "{reason}"
+    );
+    let (out, took) = node.status();
+    let not_ready = stopped.since.elapsed();
+    assert_eq!(
+        (out.code, out.json()["code"].as_i64()),
+        (1, Some(50)),
+        "{out:?}"
+    );
+    assert!(
+        out.json()["msg"].as_str().unwrap_or("").contains("storage")
+            || out.json()["details"]
+                .as_str()
+                .unwrap_or("")
+                .contains("storage"),
+        "{out:?}"
+    );
+    eprintln!(
+        "{test}: etcd stopped: the report turned not ready after {} ms, STATUS answered not ready {} ms after the stop (the call took {} ms)",
+        noticed.as_millis(),
+        not_ready.as_millis(),
+        took.as_millis()
+    );
+    assert!(not_ready < Duration::from_secs(30), "{not_ready:?}");
+
+    drop(stopped);
+    let back = node.await_report("ready", Duration::from_secs(60));
+    eprintln!(
+        "{test}: etcd continued: the report ready again after {} ms",
+        back.as_millis()
+    );
+    // (The API server's answers may lag a few seconds behind etcd's.)
+    let until = Instant::now() + Duration::from_secs(30);
+    while node.status().0.code != 0 {
+        assert!(
+            Instant::now() < until,
+            "STATUS stayed not ready: {:?}",
+            node.status().0
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // kubelet gone, etcd well: the storage answers the read; still ready.
+    stop_renewing();
+    renewer.join().unwrap();
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(25) {
+        let verdict = node.report().map(|r| r["verdict"].clone());
+        assert_eq!(verdict, Some(json!("ready")), "{:?}", node.report());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bed.delete(&lease_path);
+}
+
+/// A process stopped (SIGSTOP) until this goes (SIGCONT).
+struct Stopped {
+    pid: nix::unistd::Pid,
+    since: Instant,
+}
+
+impl Stopped {
+    fn new(pid: i32) -> Stopped {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        Stopped {
+            pid,
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGCONT);
+    }
 }
 
 /// scripts/image.sh builds the CNI image the DaemonSet change names: an OCI

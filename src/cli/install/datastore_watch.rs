@@ -9,6 +9,9 @@
 //! a watch that fails is a not-ready verdict until one is open again
 //! (tried every [`RETRY`]). Credentials that may not list or watch them
 //! (403) end the watch without a report: STATUS then keeps to its probe.
+//! The node's Lease is followed too, as the sign that the API server's
+//! storage takes writes ([`storage_beat`](super::storage_beat)); when the
+//! credentials may not watch it, that sign alone is left out.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -20,6 +23,7 @@ use tokio::time::Instant;
 
 use super::jitter::jitter;
 use super::kubeconfig::InCluster;
+use super::storage_beat::{READ_TIMEOUT, ReadFailure, StorageBeat};
 use super::{DEADLINE, Settings};
 use crate::cni::NetConf;
 use crate::cni::config::DEFAULT_STATUS_CACHE_DIR;
@@ -44,10 +48,13 @@ struct Followed {
     kind: Kind,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     ClusterInformation,
     ServiceAccount,
+    /// The node's Lease: its renewals are the storage's heartbeat; as an
+    /// object it says nothing of readiness.
+    NodeLease,
 }
 
 impl Followed {
@@ -72,13 +79,21 @@ impl Followed {
                 "{} does not exist: the API server refuses the CNI's tokens",
                 self.what
             )),
+            (Kind::NodeLease, _) => Verdict::Ready,
         }
     }
 }
 
-/// The objects followed for `cluster` in `namespace`.
-fn followed(cluster: &InCluster, namespace: &str) -> Vec<Followed> {
-    vec![
+/// The objects followed for `cluster` in `namespace` (and the Lease of
+/// `node`, when it is known).
+fn followed(cluster: &InCluster, namespace: &str, node: Option<&str>) -> Vec<Followed> {
+    let lease = node.map(|node| Followed {
+        what: format!("Lease kube-node-lease/{node}"),
+        paths: vec!["/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases".into()],
+        name: node.to_string(),
+        kind: Kind::NodeLease,
+    });
+    let mut objects = vec![
         Followed {
             what: "ClusterInformation default".into(),
             paths: vec![
@@ -94,7 +109,9 @@ fn followed(cluster: &InCluster, namespace: &str) -> Vec<Followed> {
             name: cluster.service_account.clone(),
             kind: Kind::ServiceAccount,
         },
-    ]
+    ];
+    objects.extend(lease);
+    objects
 }
 
 /// Where STATUS looks for the report: the status cache's directory of the
@@ -120,9 +137,10 @@ pub fn report_dir(settings: &Settings) -> PathBuf {
         )
 }
 
-/// Follows the objects and keeps the report in `dir` until the process
-/// ends; returns only if the pod's own credentials cannot be read.
-pub async fn run(cluster: InCluster, dir: PathBuf) {
+/// Follows the objects (the Lease of `node` among them, when known) and
+/// keeps the report in `dir` until the process ends; returns only if the
+/// pod's own credentials cannot be read.
+pub async fn run(cluster: InCluster, dir: PathBuf, node: Option<String>) {
     let namespace = match cluster.own_credentials() {
         Ok((namespace, _, _)) => namespace,
         Err(e) => {
@@ -130,7 +148,11 @@ pub async fn run(cluster: InCluster, dir: PathBuf) {
             return;
         }
     };
-    let objects = followed(&cluster, &namespace);
+    let objects = followed(&cluster, &namespace, node.as_deref());
+    let lease = objects.iter().position(|o| o.kind == Kind::NodeLease);
+    let mut beat = node
+        .filter(|_| lease.is_some())
+        .map(|node| StorageBeat::new(&node, Instant::now()));
     let (tx, mut rx) = mpsc::unbounded_channel();
     for (i, object) in objects.iter().cloned().enumerate() {
         let (cluster, tx) = (cluster.clone(), tx.clone());
@@ -141,18 +163,43 @@ pub async fn run(cluster: InCluster, dir: PathBuf) {
     let mut server = String::new();
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     loop {
+        let read_at = beat.as_ref().map(StorageBeat::read_at);
         tokio::select! {
             news = rx.recv() => {
                 let Some((i, at, verdict)) = news else { return };
-                let Some(verdict) = verdict else {
+                let verdict = match verdict {
+                    Some(verdict) => verdict,
+                    // The Lease not ours to watch: its sign is left out.
+                    None if Some(i) == lease => {
+                        beat = None;
+                        Verdict::Ready
+                    }
                     // Not ours to report: STATUS keeps to its probe.
-                    let _ = std::fs::remove_file(status_watch::path_in(&dir));
-                    return;
+                    None => {
+                        let _ = std::fs::remove_file(status_watch::path_in(&dir));
+                        return;
+                    }
                 };
                 if !at.is_empty() {
                     server = at;
                 }
+                if Some(i) == lease
+                    && verdict == Verdict::Ready
+                    && let Some(beat) = beat.as_mut()
+                {
+                    beat.renewed(Instant::now());
+                }
                 verdicts[i] = Some(verdict);
+            }
+            _ = sleep_until(read_at), if read_at.is_some() => {
+                if let (Some(beat), Some(i)) = (beat.as_mut(), lease) {
+                    let read = read_as_of_now(&cluster, &objects[i]).await;
+                    let verdict = beat.read(Instant::now(), read);
+                    if verdict != Verdict::Ready {
+                        tracing::warn!("datastore watch: {verdict:?}");
+                    }
+                    verdicts[i] = Some(verdict);
+                }
             }
             _ = heartbeat.tick() => {}
         }
@@ -165,6 +212,40 @@ pub async fn run(cluster: InCluster, dir: PathBuf) {
             &Report::new(&server, combined(all), SystemTime::now()),
         );
     }
+}
+
+/// Waits until `at` (for ever when `None`).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One read of `object` as of now (through to the storage), bounded by
+/// [`READ_TIMEOUT`].
+async fn read_as_of_now(cluster: &InCluster, object: &Followed) -> Result<(), ReadFailure> {
+    let read = async {
+        let client = client(cluster).await.map_err(ReadFailure::Credentials)?;
+        match client
+            .list_named(&object.what, &object.paths[0], &object.name)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e @ (K8sError::Unauthorized(_) | K8sError::Forbidden(_))) => {
+                Err(ReadFailure::Credentials(e.to_string()))
+            }
+            Err(e) => Err(ReadFailure::Storage(e.to_string())),
+        }
+    };
+    tokio::time::timeout(READ_TIMEOUT, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ReadFailure::Storage(format!(
+                "no answer within {} s",
+                READ_TIMEOUT.as_secs()
+            )))
+        })
 }
 
 /// The objects' verdicts as one: not ready if any says so, else unknown
@@ -326,7 +407,15 @@ mod tests {
             service_account: "calico-cni-plugin".into(),
             token_seconds: 3600,
         };
-        let [info, sa] = <[Followed; 2]>::try_from(followed(&cluster, "kube-system")).unwrap();
+        let [info, sa, lease] =
+            <[Followed; 3]>::try_from(followed(&cluster, "kube-system", Some("node-1"))).unwrap();
+        assert_eq!(followed(&cluster, "kube-system", None).len(), 2);
+        assert_eq!(
+            lease.paths,
+            ["/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"]
+        );
+        assert_eq!(lease.name, "node-1");
+        assert_eq!(lease.verdict(None), Verdict::Ready);
         let why = |v: Verdict| match v {
             Verdict::NotReady(why) => why,
             other => panic!("{other:?}"),

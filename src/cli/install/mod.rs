@@ -19,6 +19,7 @@ pub mod files;
 mod jitter;
 pub mod kubeconfig;
 pub mod settings;
+pub mod storage_beat;
 pub mod template;
 pub mod watch;
 

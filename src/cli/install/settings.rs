@@ -285,7 +285,7 @@ impl Settings {
 
     /// The node's name: `KUBERNETES_NODE_NAME`, else the host name in
     /// lower case.
-    fn node_name(&self) -> String {
+    pub fn node_name(&self) -> String {
         self.vars
             .get("KUBERNETES_NODE_NAME")
             .cloned()

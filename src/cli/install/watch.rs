@@ -89,7 +89,11 @@ pub async fn watch(
             "following the datastore for STATUS (its report in {})",
             dir.display()
         ));
-        tokio::spawn(super::datastore_watch::run(cluster.clone(), dir));
+        tokio::spawn(super::datastore_watch::run(
+            cluster.clone(),
+            dir,
+            Some(settings.node_name()).filter(|n| !n.is_empty()),
+        ));
     }
     let mut seen = inputs(settings);
     let mut renew_at = installed
